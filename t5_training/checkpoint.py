@@ -1,0 +1,139 @@
+"""Checkpoints that are either complete or absent, and model exports that load with from_pretrained.
+
+A checkpoint is `output_dir/step-NNNNNN/`: accelerate's `save_state` (weights, optimizer,
+scheduler, RNG) plus `train_state.json` (step, data position, loss history, best metric). It
+is written under a temporary name and renamed once everything is on disk; `checkpoint.json`
+(the manifest) is the last file written. A folder without a manifest is never resumed from,
+so a run killed mid-save resumes from the previous checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+from t5_training.errors import UsageError
+
+MANIFEST = "checkpoint.json"
+STATE_FILE = "train_state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_dir(output_dir: str, step: int) -> str:
+    return os.path.join(output_dir, f"step-{step:06d}")
+
+
+def is_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def list_checkpoints(output_dir: str) -> list[str]:
+    """Complete checkpoints in `output_dir`, oldest first."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        match = _STEP_DIR.match(name)
+        path = os.path.join(output_dir, name)
+        if match and is_complete(path):
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str | None:
+    """The checkpoint to resume from: 'auto' picks the newest complete one (None if there is none)."""
+    if not resume_from_checkpoint:
+        return None
+    if resume_from_checkpoint == "auto":
+        found = list_checkpoints(output_dir)
+        return found[-1] if found else None
+    if not os.path.isdir(resume_from_checkpoint):
+        raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint!r} does not exist; "
+                         "pass a step-NNNNNN folder or 'auto'")
+    if not is_complete(resume_from_checkpoint):
+        raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete (no {MANIFEST}); "
+                         "pass an earlier checkpoint or 'auto'")
+    return resume_from_checkpoint
+
+
+def save_checkpoint(accelerator, output_dir: str, state) -> str:
+    """Saves everything needed to continue exactly, atomically. Returns the checkpoint folder."""
+    final = checkpoint_dir(output_dir, state.step)
+    tmp = os.path.join(output_dir, f".tmp-{os.path.basename(final)}")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(tmp)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _write_json(os.path.join(tmp, STATE_FILE), state.state_dict())
+        _write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": sorted(os.listdir(tmp))})
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, path: str, state) -> None:
+    """Restores model, optimizer, registered objects, RNG and `state` from a complete checkpoint."""
+    accelerator.load_state(path)
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
+        state.load_state_dict(json.load(f))
+
+
+def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None) -> None:
+    """Deletes the oldest complete checkpoints so that `keep` remain (0 keeps all).
+
+    The newest is always among those kept, and so is the checkpoint of `keep_step` (the best
+    evaluation) when it exists, so that rotation never loses the run's best state.
+    """
+    if keep <= 0:
+        return
+    protected = checkpoint_dir(output_dir, keep_step) if keep_step is not None else None
+    for path in list_checkpoints(output_dir)[:-keep]:
+        if path != protected:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def export_model(accelerator, model, tokenizer, path: str) -> None:
+    """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        tmp = f"{path}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    accelerator.wait_for_everyone()
+
+
+def _write_json(path: str, value) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def prepare_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: str | None) -> str | None:
+    """Checks that the run may write to `output_dir`; returns the checkpoint to resume from, if any.
+
+    A non-empty folder is only written to when resuming from it or with --overwrite_output_dir;
+    overwriting starts a fresh run, so the old run's checkpoints are removed (they would
+    otherwise be mistaken for this run's by 'auto' and by rotation). Runs before any process
+    writes, on every process; only rank 0 deletes.
+    """
+    resume = resolve_resume(resume_from_checkpoint, output_dir)
+    if resume or not os.path.isdir(output_dir) or not os.listdir(output_dir):
+        os.makedirs(output_dir, exist_ok=True)
+        return resume
+    if not overwrite:
+        raise UsageError(f"--output_dir {output_dir} is not empty; pass --overwrite_output_dir to start over there, "
+                         "--resume_from_checkpoint auto to continue, or choose a new folder")
+    if os.environ.get("RANK", "0") == "0":
+        for name in os.listdir(output_dir):
+            if _STEP_DIR.match(name) or name.startswith(".tmp-step-"):
+                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    return None

@@ -1,0 +1,150 @@
+"""The training settings both scripts share, and one parser for flags and config files.
+
+Flag names follow HF `Seq2SeqTrainingArguments` wherever the concept exists, so a flag, a W&B
+sweep key and a `wandb.config` key are the same word. Each script subclasses `TrainingConfig`
+with its own model and data fields: one frozen dataclass per script. Derived values (total
+steps, the precision actually used) come from functions, never from mutating the config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Sequence, TypeVar
+
+import yaml
+from transformers import HfArgumentParser
+
+from t5_training.errors import UsageError
+
+C = TypeVar("C")
+
+SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "inverse_sqrt")
+OPTIMIZERS = ("adamw_torch", "adafactor")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Settings of the shared training loop (`t5_training.loop`)."""
+
+    output_dir: str = field(default="runs/default", metadata={"help": "Where checkpoints, exports and results go."})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow writing into a non-empty output_dir."})
+    max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; overrides num_train_epochs when > 0."})
+    num_train_epochs: float = 3.0
+    per_device_train_batch_size: int = 8
+    per_device_eval_batch_size: int = 32
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 3e-4
+    lr_scheduler_type: Literal[SCHEDULERS] = "linear"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    optim: Literal[OPTIMIZERS] = "adamw_torch"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping; 0 turns it off."})
+    seed: int = 42
+    logging_steps: int = 10
+    eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0 evaluates at the end only."})
+    save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps; 0 saves at the end only."})
+    save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept in output_dir; 0 keeps all."})
+    early_stopping_patience: int = field(
+        default=0, metadata={"help": "Stop after N evaluations without improvement; 0 never stops early."}
+    )
+    report_to: Literal["none", "wandb", "tensorboard", "all"] = "none"
+    run_name: str | None = None
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "'auto' (newest complete checkpoint in output_dir, if any) or a path."}
+    )
+    gradient_checkpointing: bool = False
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
+        default="auto", metadata={"help": "'auto': bf16 on a GPU that has it, fp32 (no) on CPU."}
+    )
+    dataloader_num_workers: int = 0
+
+    def __post_init__(self):
+        positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise UsageError("nothing to train: set --max_steps or --num_train_epochs to a positive number")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        for name in ("logging_steps", "eval_steps", "save_steps", "save_total_limit", "warmup_steps",
+                     "early_stopping_patience", "dataloader_num_workers"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise UsageError(f"--learning_rate must be positive, got {self.learning_rate}")
+
+
+class _Parser(HfArgumentParser):
+    """argparse prints usage and exits on a bad value; we want one line the caller can handle."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_config(cls: type[C], argv: Sequence[str] | None) -> C:
+    """Builds `cls` from command-line words, optionally starting from `--config FILE` (YAML/JSON).
+
+    Values in the file come first, so any flag on the command line overrides them. Both
+    `--flag value` and `--flag=value` (what a W&B agent passes) work. An unknown or misspelt
+    flag, in the file or on the command line, raises `UsageError` naming the closest flag.
+    """
+    words = list(argv or [])
+    words = _expand_config_file(words)
+    parser = _Parser(cls, allow_abbrev=False)
+    known = sorted(name for action in parser._actions for name in action.option_strings)
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else "; run with --help to list the flags"
+            raise UsageError(f"unknown flag {flag}{hint}")
+    config, remaining = parser.parse_args_into_dataclasses(
+        args=words, return_remaining_strings=True, look_for_args_file=False
+    )
+    if remaining:
+        raise UsageError(f"unexpected argument {remaining[0]!r}; flags look like --name value")
+    return config
+
+
+def _expand_config_file(words: list[str]) -> list[str]:
+    """Replaces `--config FILE` by the flags the file holds, placed first so later flags win."""
+    for i, word in enumerate(words):
+        if word == "--config" or word.startswith("--config="):
+            path = word.split("=", 1)[1] if "=" in word else (words[i + 1] if i + 1 < len(words) else "")
+            rest = words[:i] + words[i + (1 if "=" in word else 2):]
+            return _file_to_words(path) + rest
+    return words
+
+
+def _file_to_words(path: str) -> list[str]:
+    if not path or not os.path.isfile(path):
+        raise UsageError(f"--config file {path!r} not found; pass a YAML or JSON file of flag: value pairs")
+    with open(path, encoding="utf-8") as f:
+        try:
+            values = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
+        except (json.JSONDecodeError, yaml.YAMLError) as err:
+            raise UsageError(f"--config file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                             f"{str(err).splitlines()[0]}") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"--config file {path} must hold a mapping of flag: value pairs")
+    words = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        words.append(f"--{key}")
+        items = value if isinstance(value, list) else [value]
+        words.extend(str(item).lower() if isinstance(item, bool) else str(item) for item in items)
+    return words
+
+
+def config_to_dict(config) -> dict:
+    """The config as plain values, for trackers and results files."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,299 @@
+"""The one training loop both scripts run: accumulate, step, log, evaluate, save, stop.
+
+What a script differs in (how to evaluate, what to export) comes in as arguments; the loop
+never asks which script called it. Run progress lives in `TrainState`, which is checkpointed
+with the weights, so a resumed run continues from the same step, data position and RNG.
+
+Loss normalization: the loss of an optimizer step is the mean over *all target tokens* of the
+step (every micro-batch of the accumulation window, on every process). Averaging per-batch
+means instead would weight a token in a short batch more than one in a long batch, so
+`--gradient_accumulation_steps 4` would not equal a 4x larger batch. Here it does, and two
+processes with batch B equal one process with batch 2B.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, InitProcessGroupKwargs
+from tqdm.auto import tqdm
+
+from t5_training import checkpoint, reporting
+from t5_training.config import TrainingConfig, config_to_dict
+
+EvaluateFn = Callable[[torch.nn.Module], dict]
+ExportFn = Callable[[torch.nn.Module, str], None]
+
+
+@dataclass
+class TrainState:
+    """Progress of a run. Everything here is saved in each checkpoint as JSON."""
+
+    step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    train_seconds: float = 0.0
+    losses: list = field(default_factory=list)
+    evals: list = field(default_factory=list)
+    best_metric: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, values: dict) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Which evaluation result decides the best model and early stopping."""
+
+    metric: str
+    greater_is_better: bool = True
+
+    def improved(self, value: float, best: float | None) -> bool:
+        if best is None or math.isnan(best):
+            return not math.isnan(value)
+        return value > best if self.greater_is_better else value < best
+
+
+def resolve_mixed_precision(requested: str) -> str:
+    """'auto' is bf16 where a GPU supports it and fp32 ('no') elsewhere: CPUs here lack bf16 units."""
+    if requested != "auto":
+        return requested
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def build_accelerator(config: TrainingConfig) -> Accelerator:
+    """An Accelerator for this machine: gloo and `cpu=True` when there is no GPU."""
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        # DeepSpeed otherwise probes for a GPU and warns on every import.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    precision = resolve_mixed_precision(config.mixed_precision)
+    accelerator = Accelerator(
+        cpu=on_cpu,
+        mixed_precision=precision,
+        # Windows are exact multiples of the accumulation steps (see `train`), so accumulation
+        # never needs to follow the end of an epoch.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False, adjust_scheduler=False
+        ),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_dir=config.output_dir,
+        # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
+    )
+    if precision == "fp16":
+        accelerator.print("warning: fp16 overflows in T5's feed-forward layers and tends to give NaN losses; "
+                          "prefer --mixed_precision bf16")
+    return accelerator
+
+
+def _launched_distributed() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_trackers(accelerator: Accelerator, config: TrainingConfig, project: str) -> None:
+    if config.report_to != "none":
+        init_kwargs = {"wandb": {"name": config.run_name}} if config.run_name else {}
+        accelerator.init_trackers(project, config=config_to_dict(config), init_kwargs=init_kwargs)
+
+
+def total_train_steps(config: TrainingConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps in the run: --max_steps, or the epochs' micro-batches over accumulation."""
+    if config.max_steps > 0:
+        return config.max_steps
+    return max(1, math.ceil(config.num_train_epochs * batches_per_epoch / config.gradient_accumulation_steps))
+
+
+def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed (not averaged) cross entropy over non-padding target tokens, computed in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100,
+                           reduction="sum")
+
+
+def forward_loss_sum(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   decoder_input_ids=batch["decoder_input_ids"]).logits
+    return token_cross_entropy_sum(logits, batch["labels"])
+
+
+def _micro_batches(accelerator: Accelerator, loader, state: TrainState) -> Iterator[dict]:
+    """Batches forever, epoch after epoch, starting at the state's saved data position."""
+    while True:
+        loader.set_epoch(state.epoch)
+        skip = state.batches_in_epoch
+        for batch in accelerator.skip_first_batches(loader, skip) if skip else loader:
+            state.batches_in_epoch += 1
+            yield batch
+        state.epoch += 1
+        state.batches_in_epoch = 0
+
+
+def _train_step(accelerator, model, optimizer, window: list[dict], max_grad_norm: float) -> torch.Tensor:
+    """One optimizer step over a window of micro-batches. Returns the token-mean loss (a tensor)."""
+    counts = torch.stack([sum((b["labels"] != -100).sum() for b in window)]).float()
+    total_tokens = accelerator.reduce(counts, reduction="sum")[0]
+    # accelerator.backward divides by the accumulation steps and DDP averages over processes;
+    # undo both so the gradient is exactly that of the token mean over the whole window.
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / total_tokens
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for batch in window:
+        with accelerator.accumulate(model):
+            batch_loss = forward_loss_sum(model, batch)
+            accelerator.backward(batch_loss * scale)
+            if accelerator.sync_gradients and max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        loss_sum += batch_loss.detach()
+    return accelerator.reduce(loss_sum, reduction="sum") / total_tokens
+
+
+def _window_sizes(accelerator, window: list[dict]) -> tuple[int, int]:
+    """(samples, non-padding input + target tokens) of a window, summed over processes."""
+    local = torch.tensor(
+        [sum(len(b["input_ids"]) for b in window),
+         sum(int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()) for b in window)],
+        device=accelerator.device,
+    )
+    samples, tokens = accelerator.reduce(local, reduction="sum").tolist()
+    return int(samples), int(tokens)
+
+
+def train(
+    accelerator: Accelerator,
+    config: TrainingConfig,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    loader,
+    state: TrainState,
+    *,
+    total_steps: int,
+    evaluate: EvaluateFn,
+    objective: Objective,
+    export: ExportFn,
+) -> TrainState:
+    """Trains until `total_steps` (or early stopping), evaluating, checkpointing and exporting.
+
+    `evaluate(model)` returns metrics without the "eval/" prefix; the one named by `objective`
+    picks the model exported as `best`. `export(model, name)` writes `output_dir/<name>/`.
+    """
+    model.train()
+    bar = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
+               desc="training", dynamic_ncols=True)
+    batches = _micro_batches(accelerator, loader, state)
+    pending: list[torch.Tensor] = []
+    per_epoch = len(loader)
+    stop = False
+    while state.step < total_steps and not stop:
+        started = time.perf_counter()
+        window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
+        pending.append(_train_step(accelerator, model, optimizer, window, config.max_grad_norm))
+        scheduler.step()
+        samples, tokens = _window_sizes(accelerator, window)
+        state.step += 1
+        state.samples_seen += samples
+        state.tokens_seen += tokens
+        state.train_seconds += time.perf_counter() - started
+        bar.update(1)
+
+        at_end = state.step >= total_steps
+        if at_end or state.step % max(config.logging_steps, 1) == 0:
+            _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+        if at_end or (config.eval_steps and state.step % config.eval_steps == 0):
+            _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+            stop = _evaluate(accelerator, config, model, state, evaluate, objective, export)
+        if at_end or stop or (config.save_steps and state.step % config.save_steps == 0):
+            _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+            _save(accelerator, config, state)
+    bar.close()
+    return state
+
+
+def _flush_losses(accelerator, scheduler, state: TrainState, pending: list, bar, per_epoch: int) -> None:
+    """Moves step losses to the state and logs their mean: one host sync per logging step."""
+    if not pending:
+        return
+    values = torch.stack(pending).tolist()
+    pending.clear()
+    state.losses.extend(values)
+    lr = scheduler.get_last_lr()[0]
+    accelerator.log({"train/loss": sum(values) / len(values), "train/lr": lr,
+                     "train/epoch": state.epoch + state.batches_in_epoch / max(1, per_epoch)},
+                    step=state.step)
+    bar.set_postfix(loss=f"{values[-1]:.4f}", lr=f"{lr:.2e}")
+
+
+def _evaluate(accelerator, config, model, state: TrainState, evaluate, objective: Objective, export) -> bool:
+    """Evaluates, logs, exports a new best model, and says whether early stopping triggers."""
+    model.eval()
+    results = evaluate(model)
+    model.train()
+    accelerator.log({f"eval/{k}": v for k, v in results.items()}, step=state.step)
+    state.evals.append({"step": state.step, **results})
+    value = results[objective.metric]
+    if objective.improved(value, state.best_metric):
+        state.best_metric, state.best_step = value, state.step
+        state.evals_without_improvement = 0
+        export(model, "best")
+    else:
+        state.evals_without_improvement += 1
+    summary = ", ".join(f"{k} {v:.4g}" for k, v in results.items())
+    accelerator.print(f"step {state.step}: {summary}")
+    patience = config.early_stopping_patience
+    if patience and state.evals_without_improvement >= patience:
+        accelerator.print(f"early stopping: no improvement in {objective.metric} for {patience} evaluations")
+        return True
+    return False
+
+
+def _save(accelerator, config, state: TrainState) -> None:
+    checkpoint.save_checkpoint(accelerator, config.output_dir, state)
+    if accelerator.is_main_process:
+        checkpoint.rotate_checkpoints(config.output_dir, config.save_total_limit, keep_step=state.best_step)
+    accelerator.wait_for_everyone()
+
+
+def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective) -> dict:
+    """Writes train_results.json, eval_results.json and loss_curve.png; prints the metric table.
+
+    Throughput counts time spent in optimizer steps only (not evaluation or saving), and
+    tokens are non-padding input plus target tokens over all processes.
+    """
+    seconds = max(state.train_seconds, 1e-9)
+    train_results = {
+        "train_loss": sum(state.losses) / len(state.losses) if state.losses else float("nan"),
+        "train_runtime": round(state.train_seconds, 3),
+        "train_samples_per_second": round(state.samples_seen / seconds, 3),
+        "train_tokens_per_second": round(state.tokens_seen / seconds, 3),
+        "train_steps": state.step,
+        "epoch": state.epoch + (state.batches_in_epoch > 0),
+    }
+    last_eval = {k: v for k, v in (state.evals[-1] if state.evals else {}).items() if k != "step"}
+    eval_results = {**last_eval, "best_metric": state.best_metric, "best_step": state.best_step,
+                    "metric_to_optimize": objective.metric}
+    if accelerator.is_main_process:
+        reporting.write_json(os.path.join(config.output_dir, "train_results.json"), train_results)
+        reporting.write_json(os.path.join(config.output_dir, "eval_results.json"), eval_results)
+        if state.losses:
+            reporting.save_loss_curves(os.path.join(config.output_dir, "loss_curve.png"), {"train": state.losses})
+        rows = [{"metric": k, "value": v} for k, v in last_eval.items()]
+        rows += [{"metric": k, "value": v} for k, v in train_results.items()]
+        accelerator.print(reporting.format_table(rows))
+    return {"train": train_results, "eval": eval_results}

@@ -1,0 +1,52 @@
+"""What a finished run leaves for people: results JSON, a metric table, a loss-curve PNG."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping, Sequence
+
+
+def write_json(path: str, values: Mapping) -> None:
+    """Writes `values` as indented JSON, atomically (a reader never sees half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(values, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def format_table(rows: Sequence[Mapping[str, object]]) -> str:
+    """A plain-text table with one column per key of the first row."""
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def save_loss_curves(path: str, curves: Mapping[str, Sequence[float]], title: str = "training loss") -> None:
+    """One PNG with a line per named loss curve (per optimizer step), smoothed for readability."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on clusters and CI
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, losses in curves.items():
+        window = max(1, len(losses) // 50)
+        smooth = [sum(losses[max(0, i - window + 1): i + 1]) / len(losses[max(0, i - window + 1): i + 1])
+                  for i in range(len(losses))]
+        ax.plot(range(1, len(losses) + 1), smooth, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy per target token")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

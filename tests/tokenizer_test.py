@@ -1,0 +1,158 @@
+"""Tests for t5_training.tokenizer (trains one small tokenizer on a tinyshakespeare slice)."""
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import tempfile
+
+from absl.testing import absltest, parameterized
+import sentencepiece as spm
+from transformers import AutoTokenizer, T5TokenizerFast
+
+from t5_training import tokenizer as tokenizer_lib
+
+SHAKESPEARE = "/work/shared/data/tinyshakespeare/input.txt"
+VOCAB_SIZE = 500  # 400 sentencepiece pieces + 100 sentinels
+REAL_LINES = [
+    "First Citizen:",
+    "Before we proceed any further, hear me speak.",
+    "You are all resolved rather to die than to famish?",
+    "We know't, we know't.",
+]
+
+
+def _slice(n=2000):
+    with open(SHAKESPEARE, encoding="utf-8") as f:  # read in place, never copied into the project
+        return list(itertools.islice(f, n))
+
+
+class TokenizerTest(parameterized.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.out_dir = os.path.join(cls._tmp.name, "tok")
+        cls.lines = _slice()
+        cls.tok = tokenizer_lib.train_tokenizer(cls.lines, cls.out_dir, VOCAB_SIZE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+        super().tearDownClass()
+
+    def test_size_and_special_ids(self):
+        self.assertLen(self.tok, VOCAB_SIZE)
+        self.assertEqual((self.tok.pad_token_id, self.tok.eos_token_id, self.tok.unk_token_id), (0, 1, 2))
+        self.assertEqual(self.tok.convert_ids_to_tokens([0, 1, 2]), ["<pad>", "</s>", "<unk>"])
+        self.assertIsNone(self.tok.bos_token_id)
+        self.assertTrue(self.tok.is_fast)
+
+    @parameterized.parameters(0, 1, 42, 99)
+    def test_sentinel_ids_descend_from_top(self, i):
+        self.assertEqual(self.tok.convert_tokens_to_ids(f"<extra_id_{i}>"), VOCAB_SIZE - 1 - i)
+        self.assertEqual(self.tok.convert_ids_to_tokens(VOCAB_SIZE - 1 - i), f"<extra_id_{i}>")
+
+    def test_pieces_match_sentencepiece_model(self):
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(self.out_dir, "spiece.model"))
+        self.assertEqual(sp.get_piece_size(), VOCAB_SIZE - tokenizer_lib.NUM_SENTINELS)
+        for line in REAL_LINES:
+            self.assertEqual(self.tok(line, add_special_tokens=False).input_ids, sp.encode(line))
+
+    @parameterized.parameters(*REAL_LINES)
+    def test_encode_real_line(self, line):
+        ids = self.tok(line).input_ids
+        self.assertEqual(ids[-1], 1)
+        self.assertNotIn(2, ids)  # not <unk>: the trap is a tokenizer mapping everything to unk
+        self.assertGreater(len(set(ids)), 2)
+        self.assertEqual(self.tok.decode(ids, skip_special_tokens=True), line)
+
+    def test_sentinel_encodes_as_single_token(self):
+        ids = self.tok("<extra_id_0> speak").input_ids
+        self.assertEqual(ids[0], VOCAB_SIZE - 1)
+        self.assertEqual(ids[-1], 1)
+
+    def test_unk_for_unseen_chars_only(self):
+        ids = self.tok("speak \u4e2d", add_special_tokens=False).input_ids
+        self.assertEqual(ids.count(2), 1)
+
+    def test_reload_identical(self):
+        reloaded = AutoTokenizer.from_pretrained(self.out_dir)
+        self.assertIsInstance(reloaded, T5TokenizerFast)
+        self.assertTrue(reloaded.is_fast)
+        self.assertEqual(reloaded.get_vocab(), self.tok.get_vocab())
+        for line in REAL_LINES:
+            self.assertEqual(reloaded(line).input_ids, self.tok(line).input_ids)
+        self.assertTrue(os.path.isfile(os.path.join(self.out_dir, "tokenizer.json")))
+
+    def test_deterministic(self):
+        with tempfile.TemporaryDirectory() as d:
+            again = tokenizer_lib.train_tokenizer(self.lines, d, VOCAB_SIZE)
+            with open(os.path.join(d, "spiece.model"), "rb") as a, \
+                    open(os.path.join(self.out_dir, "spiece.model"), "rb") as b:
+                self.assertEqual(a.read(), b.read())
+        self.assertEqual(again.get_vocab(), self.tok.get_vocab())
+
+    def test_has_sentinels(self):
+        self.assertTrue(tokenizer_lib.has_sentinels(self.tok))
+        vocab = [(self.tok.convert_ids_to_tokens(i), -float(i)) for i in range(VOCAB_SIZE - 100)]
+        self.assertFalse(tokenizer_lib.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=0)))
+        self.assertFalse(tokenizer_lib.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=10)))
+
+    @parameterized.parameters([[]], [["", "  ", "\n"]])
+    def test_empty_input_raises(self, texts):
+        with tempfile.TemporaryDirectory() as d, self.assertRaisesRegex(ValueError, "no text"):
+            tokenizer_lib.train_tokenizer(texts, d, VOCAB_SIZE)
+
+    def test_vocab_too_large_raises(self):
+        with tempfile.TemporaryDirectory() as d, self.assertRaisesRegex(ValueError, "too large"):
+            tokenizer_lib.train_tokenizer(["to be or not to be"] * 5, d, VOCAB_SIZE)
+
+    def test_cli_glob_matches_nothing(self):
+        stderr = io.StringIO()
+        with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(stderr):
+            tokenizer_lib.main(["--train_file", os.path.join(self._tmp.name, "nope", "*.txt"),
+                                "--output_dir", os.path.join(self._tmp.name, "unused")])
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIn("matched no files", stderr.getvalue())
+        self.assertFalse(os.path.exists(os.path.join(self._tmp.name, "unused")))
+
+    def test_cli_refuses_non_empty_output_dir(self):
+        stderr = io.StringIO()
+        with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(stderr):
+            tokenizer_lib.main(["--train_file", SHAKESPEARE, "--output_dir", self.out_dir])
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIn("--overwrite_output_dir", stderr.getvalue())
+
+    def test_cli_trains_from_glob_txt_and_jsonl(self):
+        with tempfile.TemporaryDirectory() as d:
+            corpus = os.path.join(d, "corpus")
+            os.makedirs(corpus)
+            lines = self.lines
+            with open(os.path.join(corpus, "a.txt"), "w", encoding="utf-8") as f:
+                f.writelines(lines[:1000])
+            with open(os.path.join(corpus, "b.jsonl"), "w", encoding="utf-8") as f:
+                for line in lines[1000:]:
+                    f.write(json.dumps({"body": line}) + "\n")
+            out = os.path.join(d, "out")
+            stdout = io.StringIO()
+            with contextlib.redirect_stdout(stdout):
+                tokenizer_lib.main(["--train_file", os.path.join(corpus, "*.txt"),
+                                    "--train_file", os.path.join(corpus, "*.jsonl"), "--text_column", "body",
+                                    "--output_dir", out, "--vocab_size", "450"])
+            self.assertIn("450", stdout.getvalue())
+            self.assertIn(out, stdout.getvalue())
+            tok = AutoTokenizer.from_pretrained(out)
+            self.assertLen(tok, 450)
+            self.assertEqual(tok.convert_tokens_to_ids("<extra_id_0>"), 449)
+            self.assertNotIn(2, tok(REAL_LINES[1]).input_ids)
+            # A missing jsonl field surfaces as the original, readable error.
+            with self.assertRaisesRegex(KeyError, "no 'text' field"):
+                tokenizer_lib.main(["--train_file", os.path.join(corpus, "b.jsonl"),
+                                    "--output_dir", os.path.join(d, "out2")])
+
+
+if __name__ == "__main__":
+    absltest.main()
