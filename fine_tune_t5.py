@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
                        total_steps=total_steps, evaluate=evaluate, objective=objective, export=export)
 
     export(model, "final")
-    results = loop.finish(accelerator, config, state, objective)
+    results = loop.finish(accelerator, config, state, objective, len(train_loader))
     accelerator.end_training()
     return results
 

@@ -270,7 +270,8 @@ def _save(accelerator, config, state: TrainState) -> None:
     accelerator.wait_for_everyone()
 
 
-def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective) -> dict:
+def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective,
+           batches_per_epoch: int) -> dict:
     """Writes train_results.json, eval_results.json and loss_curve.png; prints the metric table.
 
     Throughput counts time spent in optimizer steps only (not evaluation or saving), and
@@ -283,7 +284,7 @@ def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, 
         "train_samples_per_second": round(state.samples_seen / seconds, 3),
         "train_tokens_per_second": round(state.tokens_seen / seconds, 3),
         "train_steps": state.step,
-        "epoch": state.epoch + (state.batches_in_epoch > 0),
+        "epoch": round(state.epoch + state.batches_in_epoch / max(1, batches_per_epoch), 4),
     }
     last_eval = {k: v for k, v in (state.evals[-1] if state.evals else {}).items() if k != "step"}
     eval_results = {**last_eval, "best_metric": state.best_metric, "best_step": state.best_step,

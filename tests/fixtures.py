@@ -1,0 +1,45 @@
+"""Small, real building blocks shared by tests: a tokenizer trained on SST-2 and a tiny T5.
+
+The tokenizer is trained once per test process (about two seconds) into a temporary folder;
+the data stays in ../shared/data and is read in place.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import os
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+SST2_DIR = os.path.join(SHARED_DATA, "SST-2")
+TINY_CONFIG = os.path.join(REPO, "configs", "t5-tiny.json")
+
+
+def sst2_sentences(limit: int = 20000) -> list[str]:
+    with open(os.path.join(SST2_DIR, "train.tsv"), encoding="utf-8") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        next(rows)
+        return [row[0] for _, row in zip(range(limit), rows)]
+
+
+@functools.lru_cache(maxsize=None)
+def sst2_tokenizer_dir(vocab_size: int = 1000) -> str:
+    """A T5 SentencePiece tokenizer trained on SST-2 sentences plus the label words."""
+    from t5_training.tokenizer import train_tokenizer
+
+    path = tempfile.mkdtemp(prefix="sst2-tokenizer-")
+    train_tokenizer(sst2_sentences() + ["sst2 sentence: negative positive"] * 50, path, vocab_size=vocab_size)
+    return path
+
+
+def fine_tune_args(output_dir: str, *extra: str) -> list[str]:
+    """Flags for a small, fast SST-2 run of fine_tune_t5.py on the tiny model."""
+    return [
+        "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", SST2_DIR,
+        "--config_name", TINY_CONFIG, "--tokenizer_name", sst2_tokenizer_dir(),
+        "--output_dir", output_dir, "--max_source_length", "64", "--max_target_length", "8",
+        "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "32",
+        "--max_train_samples", "100", "--max_eval_samples", "32", "--logging_steps", "1",
+        "--learning_rate", "1e-3", "--seed", "7", *extra,
+    ]
