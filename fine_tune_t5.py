@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     if resume_path:
         checkpoint.load_checkpoint(accelerator, resume_path, state)
         accelerator.print(f"resumed from {resume_path} at step {state.step}")
+    else:
+        checkpoint.remove_stale_checkpoints(accelerator, config.output_dir)
     loop.init_trackers(accelerator, config, config.project_name)
 
     evaluate = evaluation.make_generation_evaluator(accelerator, entry, task, eval_loaders, tokenizer,

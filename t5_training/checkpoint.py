@@ -120,20 +120,30 @@ def _write_json(path: str, value) -> None:
 def prepare_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: str | None) -> str | None:
     """Checks that the run may write to `output_dir`; returns the checkpoint to resume from, if any.
 
-    A non-empty folder is only written to when resuming from it or with --overwrite_output_dir;
-    overwriting starts a fresh run, so the old run's checkpoints are removed (they would
-    otherwise be mistaken for this run's by 'auto' and by rotation). Runs before any process
-    writes, on every process; only rank 0 deletes.
+    A non-empty folder is only written to when resuming from it or with --overwrite_output_dir.
+    Runs first, on every process, so that a refused run has written nothing.
     """
     resume = resolve_resume(resume_from_checkpoint, output_dir)
     if resume or not os.path.isdir(output_dir) or not os.listdir(output_dir):
         os.makedirs(output_dir, exist_ok=True)
         return resume
     if not overwrite:
+        if resume_from_checkpoint == "auto":
+            raise UsageError(f"--output_dir {output_dir} is not empty but holds no complete checkpoint to resume; "
+                             "add --overwrite_output_dir to start over there, or choose a new folder")
         raise UsageError(f"--output_dir {output_dir} is not empty; pass --overwrite_output_dir to start over there, "
                          "--resume_from_checkpoint auto to continue, or choose a new folder")
-    if os.environ.get("RANK", "0") == "0":
+    return None
+
+
+def remove_stale_checkpoints(accelerator, output_dir: str) -> None:
+    """Deletes an earlier run's checkpoints before a fresh run (--overwrite_output_dir) trains.
+
+    Left in place they would be mistaken for this run's by 'auto' and by rotation. Called once
+    the inputs have been checked, so a run refused for bad input deletes nothing.
+    """
+    if accelerator.is_main_process:
         for name in os.listdir(output_dir):
             if _STEP_DIR.match(name) or name.startswith(".tmp-step-"):
                 shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-    return None
+    accelerator.wait_for_everyone()

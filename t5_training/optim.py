@@ -37,8 +37,11 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.opt
 
 
 def warmup_steps(config: TrainingConfig, total_steps: int) -> int:
-    """`--warmup_steps` if set, else `--warmup_ratio` of the run."""
-    return config.warmup_steps if config.warmup_steps > 0 else math.ceil(config.warmup_ratio * total_steps)
+    """`--warmup_steps` if set, else `--warmup_ratio` of the run (rounded up)."""
+    if config.warmup_steps > 0:
+        return config.warmup_steps
+    # Round away float noise first: 0.07 * 100 is 7.000000000000001, which must give 7, not 8.
+    return math.ceil(round(config.warmup_ratio * total_steps, 6))
 
 
 def lr_multiplier(kind: str, step: int, warmup: int, total: int) -> float:

@@ -1,0 +1,403 @@
+"""Tests for t5_training.checkpoint: atomic saves, resuming, rotation, output folders and exports."""
+
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import accelerate
+import torch
+import transformers
+
+from t5_training import checkpoint
+from t5_training import optim
+from t5_training.config import TrainingConfig
+from t5_training.errors import UsageError
+from t5_training.loop import TrainState
+
+
+def _make_step_dir(output_dir, name, complete=True):
+    path = os.path.join(output_dir, name)
+    os.makedirs(path)
+    with open(os.path.join(path, "weights.bin"), "w") as f:
+        f.write(name)
+    if complete:
+        with open(os.path.join(path, checkpoint.MANIFEST), "w") as f:
+            json.dump({"name": name}, f)
+    return path
+
+
+def _snapshot(root):
+    """Every file under `root` with its contents, and every folder: what a directory holds."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for d in dirs:
+            found[os.path.relpath(os.path.join(folder, d), root) + "/"] = None
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, root)] = f.read()
+    return found
+
+
+def _tiny_t5():
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_heads=2, num_layers=1)
+    return transformers.T5ForConditionalGeneration(config)
+
+
+class _TmpDirTest(parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.root = tmp.name
+        self.out = os.path.join(self.root, "out")
+
+
+class CheckpointDirTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("small", 7, "step-000007"),
+        ("six_digits", 123456, "step-123456"),
+        ("seven_digits", 1000000, "step-1000000"),
+    )
+    def test_checkpoint_dir(self, step, name):
+        self.assertEqual(checkpoint.checkpoint_dir("/runs/x", step), os.path.join("/runs/x", name))
+
+
+class ListCheckpointsTest(_TmpDirTest):
+
+    def test_missing_dir_is_empty(self):
+        self.assertEqual(checkpoint.list_checkpoints(self.out), [])
+
+    def test_orders_by_step_and_skips_incomplete_and_others(self):
+        os.makedirs(self.out)
+        for name in ("step-000010", "step-1000000", "step-000009", "step-000100"):
+            _make_step_dir(self.out, name)
+        _make_step_dir(self.out, "step-000200", complete=False)
+        _make_step_dir(self.out, ".tmp-step-000300")
+        _make_step_dir(self.out, "best-000400")
+        with open(os.path.join(self.out, "step-000500"), "w") as f:  # a file, not a folder
+            f.write("x")
+        self.assertEqual(checkpoint.list_checkpoints(self.out),
+                         [os.path.join(self.out, n) for n in ("step-000009", "step-000010", "step-000100",
+                                                              "step-1000000")])
+
+
+class ResolveResumeTest(_TmpDirTest):
+
+    @parameterized.named_parameters(("none", None), ("empty", ""))
+    def test_nothing_requested(self, value):
+        os.makedirs(self.out)
+        _make_step_dir(self.out, "step-000005")
+        self.assertIsNone(checkpoint.resolve_resume(value, self.out))
+
+    def test_auto_without_checkpoints(self):
+        self.assertIsNone(checkpoint.resolve_resume("auto", self.out))  # folder does not exist
+        os.makedirs(self.out)
+        self.assertIsNone(checkpoint.resolve_resume("auto", self.out))
+        _make_step_dir(self.out, "step-000003", complete=False)
+        self.assertIsNone(checkpoint.resolve_resume("auto", self.out))
+
+    def test_auto_picks_newest_complete(self):
+        os.makedirs(self.out)
+        _make_step_dir(self.out, "step-000009")
+        _make_step_dir(self.out, "step-000010")
+        _make_step_dir(self.out, "step-000008")
+        _make_step_dir(self.out, "step-000011", complete=False)  # killed mid-save
+        self.assertEqual(checkpoint.resolve_resume("auto", self.out), os.path.join(self.out, "step-000010"))
+
+    def test_explicit_complete_path(self):
+        os.makedirs(self.out)
+        path = _make_step_dir(self.out, "step-000004")
+        self.assertEqual(checkpoint.resolve_resume(path, self.out), path)
+
+    def test_explicit_incomplete_path(self):
+        os.makedirs(self.out)
+        path = _make_step_dir(self.out, "step-000004", complete=False)
+        with self.assertRaisesRegex(UsageError, "incomplete"):
+            checkpoint.resolve_resume(path, self.out)
+
+    def test_missing_path(self):
+        path = os.path.join(self.root, "nowhere", "step-000004")
+        with self.assertRaisesRegex(UsageError, "does not exist"):
+            checkpoint.resolve_resume(path, self.out)
+
+
+class RotateCheckpointsTest(_TmpDirTest):
+
+    def _remaining(self):
+        return sorted(os.listdir(self.out))
+
+    def _fill(self, steps):
+        os.makedirs(self.out)
+        for step in steps:
+            _make_step_dir(self.out, f"step-{step:06d}")
+
+    @parameterized.named_parameters(
+        ("keep_two", 2, None, ["step-000004", "step-000005"]),
+        ("keep_one", 1, None, ["step-000005"]),
+        ("keep_more_than_present", 9, None, ["step-000001", "step-000002", "step-000003", "step-000004",
+                                             "step-000005"]),
+        ("keep_all", 0, None, ["step-000001", "step-000002", "step-000003", "step-000004", "step-000005"]),
+        ("best_is_old", 2, 2, ["step-000002", "step-000004", "step-000005"]),
+        ("best_is_old_keep_one", 1, 1, ["step-000001", "step-000005"]),
+        ("best_is_kept_anyway", 2, 5, ["step-000004", "step-000005"]),
+        ("best_without_checkpoint", 2, 7, ["step-000004", "step-000005"]),
+    )
+    def test_rotation(self, keep, keep_step, expected):
+        self._fill([1, 2, 3, 4, 5])
+        checkpoint.rotate_checkpoints(self.out, keep, keep_step=keep_step)
+        self.assertEqual(self._remaining(), expected)
+
+    def test_numeric_order_and_other_folders_untouched(self):
+        self._fill([9, 10, 1000000])
+        _make_step_dir(self.out, "step-2000000", complete=False)
+        _make_step_dir(self.out, "best")
+        checkpoint.rotate_checkpoints(self.out, 1)
+        self.assertEqual(self._remaining(), ["best", "step-1000000", "step-2000000"])
+
+    def test_rotating_again_is_stable(self):
+        self._fill([1, 2, 3])
+        checkpoint.rotate_checkpoints(self.out, 2, keep_step=1)
+        checkpoint.rotate_checkpoints(self.out, 2, keep_step=1)
+        self.assertEqual(self._remaining(), ["step-000001", "step-000002", "step-000003"])
+
+
+class PrepareOutputDirTest(_TmpDirTest):
+
+    def test_missing_dir_is_created(self):
+        self.assertIsNone(checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint=None))
+        self.assertTrue(os.path.isdir(self.out))
+        self.assertEqual(os.listdir(self.out), [])
+
+    def test_empty_dir_is_fine(self):
+        os.makedirs(self.out)
+        self.assertIsNone(checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint="auto"))
+        self.assertEqual(os.listdir(self.out), [])
+
+    def _fill(self):
+        os.makedirs(self.out)
+        _make_step_dir(self.out, "step-000002")
+        _make_step_dir(self.out, "step-000004")
+        _make_step_dir(self.out, "step-000006", complete=False)
+        _make_step_dir(self.out, ".tmp-step-000008")
+        _make_step_dir(self.out, "best")
+        with open(os.path.join(self.out, "train_results.json"), "w") as f:
+            f.write('{"train_loss": 1.5}')
+
+    @parameterized.named_parameters(("no_resume", None), ("auto_without_checkpoint", "auto"))
+    def test_non_empty_without_overwrite_refuses_and_keeps_everything(self, resume):
+        os.makedirs(self.out)
+        with open(os.path.join(self.out, "notes.txt"), "w") as f:
+            f.write("precious")
+        _make_step_dir(self.out, "step-000006", complete=False)
+        before = _snapshot(self.out)
+        with self.assertRaisesRegex(UsageError, "--overwrite_output_dir") as raised:
+            checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint=resume)
+        self.assertIn(self.out, str(raised.exception))
+        self.assertEqual(_snapshot(self.out), before)
+
+    def test_overwrite_is_allowed_and_deletes_nothing_yet(self):
+        self._fill()
+        before = _snapshot(self.out)
+        self.assertIsNone(checkpoint.prepare_output_dir(self.out, overwrite=True, resume_from_checkpoint=None))
+        # Deleting waits until the run's inputs are checked (remove_stale_checkpoints).
+        self.assertEqual(_snapshot(self.out), before)
+
+    def test_remove_stale_checkpoints_removes_old_checkpoints_only(self):
+        self._fill()
+        best_before = _snapshot(os.path.join(self.out, "best"))
+        checkpoint.remove_stale_checkpoints(accelerate.Accelerator(cpu=True), self.out)
+        self.assertEqual(sorted(os.listdir(self.out)), ["best", "train_results.json"])
+        with open(os.path.join(self.out, "train_results.json")) as f:
+            self.assertEqual(f.read(), '{"train_loss": 1.5}')
+        self.assertEqual(_snapshot(os.path.join(self.out, "best")), best_before)
+        self.assertIn("weights.bin", best_before)
+
+    @parameterized.named_parameters(("without_overwrite", False), ("with_overwrite", True))
+    def test_resume_auto_returns_checkpoint_and_deletes_nothing(self, overwrite):
+        self._fill()
+        before = _snapshot(self.out)
+        resume = checkpoint.prepare_output_dir(self.out, overwrite=overwrite, resume_from_checkpoint="auto")
+        self.assertEqual(resume, os.path.join(self.out, "step-000004"))
+        self.assertEqual(_snapshot(self.out), before)
+
+    def test_resume_explicit_path(self):
+        self._fill()
+        before = _snapshot(self.out)
+        path = os.path.join(self.out, "step-000002")
+        self.assertEqual(checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint=path), path)
+        self.assertEqual(_snapshot(self.out), before)
+
+    def test_resume_incomplete_path_raises_before_deleting(self):
+        self._fill()
+        before = _snapshot(self.out)
+        with self.assertRaisesRegex(UsageError, "incomplete"):
+            checkpoint.prepare_output_dir(self.out, overwrite=True,
+                                          resume_from_checkpoint=os.path.join(self.out, "step-000006"))
+        self.assertEqual(_snapshot(self.out), before)
+
+
+class SaveLoadTest(_TmpDirTest):
+
+    def _accelerated(self, seed):
+        accelerator = accelerate.Accelerator(cpu=True)
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        return accelerator, model, optimizer
+
+    def _train_one_step(self, model, optimizer):
+        model(torch.ones(3, 4)).pow(2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def test_save_writes_complete_folder(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        state = TrainState(step=7, epoch=1, batches_in_epoch=3, losses=[2.5, 2.0])
+        path = checkpoint.save_checkpoint(accelerator, self.out, state)
+        self.assertEqual(path, os.path.join(self.out, "step-000007"))
+        self.assertEqual(os.listdir(self.out), ["step-000007"])  # no .tmp- left behind
+        files = sorted(os.listdir(path))
+        self.assertIn(checkpoint.MANIFEST, files)
+        self.assertIn(checkpoint.STATE_FILE, files)
+        with open(os.path.join(path, checkpoint.MANIFEST)) as f:
+            manifest = json.load(f)
+        self.assertEqual(manifest["step"], 7)
+        # The manifest lists everything else in the folder.
+        self.assertEqual(sorted(manifest["files"] + [checkpoint.MANIFEST]), files)
+        with open(os.path.join(path, checkpoint.STATE_FILE)) as f:
+            saved = json.load(f)
+        self.assertEqual(saved, state.state_dict())
+        self.assertEqual((saved["step"], saved["epoch"], saved["batches_in_epoch"], saved["losses"]),
+                         (7, 1, 3, [2.5, 2.0]))
+        self.assertTrue(checkpoint.is_complete(path))
+        self.assertEqual(checkpoint.list_checkpoints(self.out), [path])
+
+    def test_save_replaces_same_step_and_stale_tmp(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        _make_step_dir(self.out, ".tmp-step-000003", complete=False)
+        _make_step_dir(self.out, "step-000003")  # e.g. from a run that is being continued
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=3, losses=[1.0]))
+        self.assertEqual(os.listdir(self.out), ["step-000003"])
+        self.assertNotIn("weights.bin", os.listdir(path))
+        with open(os.path.join(path, checkpoint.STATE_FILE)) as f:
+            self.assertEqual(json.load(f)["losses"], [1.0])
+
+    def test_load_restores_weights_optimizer_and_state(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        self._train_one_step(model, optimizer)
+        saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+        saved_moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+        state = TrainState(step=7, epoch=2, batches_in_epoch=5, samples_seen=96, losses=[3.0, 2.5, 2.25],
+                           best_metric=0.75, best_step=6)
+        path = checkpoint.save_checkpoint(accelerator, self.out, state)
+
+        # Move everything away from the checkpoint, then come back.
+        self._train_one_step(model, optimizer)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)
+        for key, value in model.state_dict().items():
+            self.assertFalse(torch.equal(value, saved_weights[key]), key)
+        self.assertFalse(torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved_moments))
+        restored = TrainState()
+
+        checkpoint.load_checkpoint(accelerator, path, restored)
+
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(value, saved_weights[key], rtol=0, atol=0)
+        torch.testing.assert_close(optimizer.state_dict()["state"][0]["exp_avg"], saved_moments, rtol=0, atol=0)
+        self.assertEqual((restored.step, restored.epoch, restored.batches_in_epoch, restored.samples_seen),
+                         (7, 2, 5, 96))
+        self.assertEqual(restored.losses, [3.0, 2.5, 2.25])
+        self.assertEqual((restored.best_metric, restored.best_step), (0.75, 6))
+        self.assertEqual(restored, state)
+
+    def test_load_into_fresh_model(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        self._train_one_step(model, optimizer)
+        saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))
+
+        other_accelerator, other_model, _ = self._accelerated(1)  # different initial weights
+        self.assertFalse(torch.equal(other_model.state_dict()["0.weight"], saved_weights["0.weight"]))
+        checkpoint.load_checkpoint(other_accelerator, path, TrainState())
+        for key, value in other_model.state_dict().items():
+            torch.testing.assert_close(value, saved_weights[key], rtol=0, atol=0)
+
+    def test_registered_scheduler_resumes_its_step(self):
+        # As fine_tune_t5.py does: the LambdaLR from optim is registered for checkpointing.
+        accelerator = accelerate.Accelerator(cpu=True)
+        torch.manual_seed(0)
+        config = TrainingConfig(output_dir=self.out, max_steps=10, learning_rate=0.1, warmup_steps=2)
+        model = accelerator.prepare(torch.nn.Linear(4, 2))
+        optimizer = accelerator.prepare(optim.build_optimizer(model, config))
+        scheduler = optim.build_scheduler(optimizer, config, 10)
+        accelerator.register_for_checkpointing(scheduler)
+        for _ in range(4):
+            self._train_one_step(model, optimizer)
+            scheduler.step()
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=4))
+        for _ in range(3):
+            self._train_one_step(model, optimizer)
+            scheduler.step()
+        self.assertAlmostEqual(optimizer.param_groups[0]["lr"], 0.1 * (1 - 5 / 8), places=12)
+
+        checkpoint.load_checkpoint(accelerator, path, TrainState())
+
+        self.assertEqual(scheduler.last_epoch, 4)
+        self.assertAlmostEqual(optimizer.param_groups[0]["lr"], 0.1 * (1 - 2 / 8), places=12)
+        self.assertAlmostEqual(scheduler.get_last_lr()[0], 0.1 * (1 - 2 / 8), places=12)
+        scheduler.step()
+        self.assertAlmostEqual(optimizer.param_groups[0]["lr"], 0.1 * (1 - 3 / 8), places=12)
+
+
+class ExportModelTest(_TmpDirTest):
+
+    def test_export_loads_with_from_pretrained(self):
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = accelerator.prepare(_tiny_t5())
+        os.makedirs(self.out)
+        path = os.path.join(self.out, "best")
+        _make_step_dir(self.out, "best.tmp", complete=False)  # stale from a killed export
+        checkpoint.export_model(accelerator, model, None, path)
+
+        self.assertEqual(sorted(os.listdir(self.out)), ["best"])
+        files = os.listdir(path)
+        self.assertIn("model.safetensors", files)
+        self.assertIn("config.json", files)
+        self.assertNotIn("pytorch_model.bin", files)
+        loaded = transformers.T5ForConditionalGeneration.from_pretrained(path)
+        self.assertEqual(loaded.config.d_model, 16)
+        expected = model.state_dict()
+        for key, value in loaded.state_dict().items():
+            torch.testing.assert_close(value, expected[key], rtol=0, atol=0, msg=key)
+        ids = torch.tensor([[5, 6, 7, 1]])
+        model.eval()  # from_pretrained returns an eval-mode model; compare without dropout
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(input_ids=ids, decoder_input_ids=ids).logits,
+                                       model(input_ids=ids, decoder_input_ids=ids).logits)
+
+    def test_export_replaces_previous(self):
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = accelerator.prepare(_tiny_t5())
+        path = os.path.join(self.out, "best")
+        checkpoint.export_model(accelerator, model, None, path)
+        with torch.no_grad():
+            model.shared.weight.add_(1.0)
+        with open(os.path.join(path, "stale.txt"), "w") as f:
+            f.write("old")
+        checkpoint.export_model(accelerator, model, None, path)
+        self.assertNotIn("stale.txt", os.listdir(path))
+        loaded = transformers.T5ForConditionalGeneration.from_pretrained(path)
+        torch.testing.assert_close(loaded.shared.weight, model.shared.weight, rtol=0, atol=0)
+
+
+if __name__ == "__main__":
+    absltest.main()

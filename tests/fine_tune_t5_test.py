@@ -1,0 +1,128 @@
+"""fine_tune_t5.py as a user runs it: learning SST-2, two processes over gloo, bad input.
+
+The learning test trains the tiny T5 from scratch on real SST-2 rows and must beat the
+majority class on the real dev set; the others run the script in a subprocess, exactly as
+`python fine_tune_t5.py` or `accelerate launch fine_tune_t5.py` would.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest, parameterized
+
+import fine_tune_t5
+from tests import fixtures
+
+SCRIPT = os.path.join(fixtures.REPO, "fine_tune_t5.py")
+# SST-2 dev: 428 negative, 444 positive.
+MAJORITY_ACCURACY = 100 * 444 / 872
+
+
+def _snapshot(folder):
+    """Every file under `folder` with its bytes, to prove a failed run wrote nothing."""
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, folder)] = f.read()
+    return found
+
+
+def _losses(output_dir):
+    with open(os.path.join(output_dir, f"step-{4:06d}", "train_state.json")) as f:
+        return json.load(f)["losses"]
+
+
+class LearnsSst2Test(absltest.TestCase):
+    def test_beats_majority_class_on_dev(self):
+        with tempfile.TemporaryDirectory() as out:
+            result = fine_tune_t5.main(fixtures.fine_tune_args(
+                out, "--max_train_samples", "20000", "--max_eval_samples", "0", "--max_steps", "300",
+                "--per_device_train_batch_size", "32", "--learning_rate", "1e-3", "--warmup_steps", "30",
+                "--weight_decay", "0.01", "--logging_steps", "50", "--save_total_limit", "1",
+            ))
+            accuracy = result["eval"]["accuracy"]
+            self.assertGreater(accuracy, MAJORITY_ACCURACY + 5, f"dev accuracy {accuracy:.2f}")
+            with open(os.path.join(out, "predictions_validation.tsv"), encoding="utf-8") as f:
+                rows = list(csv.reader(f, delimiter="\t"))
+            self.assertEqual(rows[0], ["input", "prediction", "reference"])
+            self.assertLen(rows, 873)
+            self.assertEqual(rows[1][0], "sst2 sentence: it 's a charming and often affecting journey . ")
+            with open(os.path.join(out, "train_results.json")) as f:
+                train = json.load(f)
+            for key in ("train_samples_per_second", "train_tokens_per_second", "train_runtime", "train_loss"):
+                self.assertGreater(train[key], 0, key)
+            self.assertTrue(os.path.isfile(os.path.join(out, "best", "model.safetensors")))
+            self.assertTrue(os.path.isfile(os.path.join(out, "final", "model.safetensors")))
+            self.assertTrue(os.path.isfile(os.path.join(out, "loss_curve.png")))
+
+
+class TwoProcessTest(absltest.TestCase):
+    def test_two_gloo_processes_match_one_process_with_twice_the_batch(self):
+        common = ["--max_steps", "4", "--dropout_rate", "0", "--save_steps", "4"]
+        with tempfile.TemporaryDirectory() as two, tempfile.TemporaryDirectory() as one:
+            env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+            launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT]
+            done = subprocess.run(launch + fixtures.fine_tune_args(two, "--per_device_train_batch_size", "4",
+                                                                   *common),
+                                  env=env, capture_output=True, text=True, timeout=600)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            fine_tune_t5.main(fixtures.fine_tune_args(one, "--per_device_train_batch_size", "8", *common))
+            two_losses, one_losses = _losses(two), _losses(one)
+            self.assertLen(two_losses, 4)
+            for step, (a, b) in enumerate(zip(two_losses, one_losses)):
+                self.assertAlmostEqual(a, b, delta=1e-4 * abs(b), msg=f"step {step + 1}")
+            # Evaluation gathered every dev row exactly once across the two processes.
+            with open(os.path.join(two, "predictions_validation.tsv"), encoding="utf-8") as f:
+                self.assertLen(list(csv.reader(f, delimiter="\t")), 33)
+
+
+class BadInputTest(parameterized.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.files = tempfile.mkdtemp()
+        with open(os.path.join(cls.files, "no_label.csv"), "w") as f:
+            f.write("sentence,score\ngood film,1\n")
+        with open(os.path.join(cls.files, "bad_label.csv"), "w") as f:
+            f.write("sentence,label\ngood film,positive\nbad film,great\n")
+
+    def _run_cli(self, output_dir, *flags):
+        args = fixtures.fine_tune_args(output_dir, *flags)
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=300,
+                              cwd=fixtures.REPO)
+
+    @parameterized.named_parameters(
+        ("unknown_task", ["--dataset_name", "sst3"], "unknown --dataset_name 'sst3'", "known: cola, mnli"),
+        ("unknown_benchmark", ["--benchmark", "superglu"], "unknown --benchmark 'superglu'", "glue"),
+        ("misspelt_flag", ["--learning_rte", "1e-3"], "unknown flag --learning_rte", "--learning_rate"),
+        ("missing_column", ["--train_file", "{files}/no_label.csv", "--validation_file", "{files}/no_label.csv"],
+         "no column 'label'", "columns found: sentence, score"),
+        ("label_outside_words", ["--train_file", "{files}/bad_label.csv", "--validation_file",
+                                 "{files}/bad_label.csv"], "row 2: label 'great'", "'negative'"),
+        ("non_empty_output_dir", [], "is not empty", "--overwrite_output_dir"),
+    )
+    def test_one_clear_line_exit_2_nothing_written(self, flags, problem, fix):
+        with tempfile.TemporaryDirectory() as out:
+            with open(os.path.join(out, "notes.txt"), "w") as f:
+                f.write("earlier results\n")
+            before = _snapshot(out)
+            overwrite = [] if "is not empty" in problem else ["--overwrite_output_dir"]
+            flags = [flag.format(files=self.files) for flag in flags]
+            done = self._run_cli(out, *flags, *overwrite)
+            self.assertEqual(done.returncode, 2, done.stderr[-2000:])
+            lines = done.stderr.strip().splitlines()
+            self.assertLen(lines, 1, done.stderr)
+            self.assertStartsWith(lines[0], "error: ")
+            self.assertIn(problem, lines[0])
+            self.assertIn(fix, lines[0])
+            self.assertEqual(_snapshot(out), before)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,227 @@
+"""Tests for t5_training.optim: schedule values worked out by hand, and the optimizers it builds."""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import torch
+import transformers
+from transformers.optimization import Adafactor
+
+from t5_training import optim
+from t5_training.config import TrainingConfig
+
+
+def _tiny_t5():
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_heads=2, num_layers=1)
+    return transformers.T5ForConditionalGeneration(config)
+
+
+def _config(**overrides):
+    return TrainingConfig(output_dir="unused", max_steps=50, **overrides)
+
+
+class LrMultiplierTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # Linear: warmup (step + 1) / (warmup + 1), then down to 0 at `total`.
+        ("linear_warmup_first", "linear", 0, 4, 14, 1 / 5),
+        ("linear_warmup_mid", "linear", 1, 4, 14, 2 / 5),
+        ("linear_warmup_last", "linear", 3, 4, 14, 4 / 5),
+        ("linear_peak", "linear", 4, 4, 14, 1.0),
+        ("linear_decay_quarter", "linear", 6, 4, 12, 0.75),
+        ("linear_decay_half", "linear", 9, 4, 14, 0.5),
+        ("linear_end", "linear", 14, 4, 14, 0.0),
+        ("linear_past_end", "linear", 20, 4, 14, 0.0),
+        ("linear_no_warmup_start", "linear", 0, 0, 10, 1.0),
+        ("linear_no_warmup_mid", "linear", 3, 0, 10, 0.7),
+        # Cosine: 0.5 * (1 + cos(pi * progress)), flat at 0 after `total`.
+        ("cosine_start", "cosine", 0, 0, 100, 1.0),
+        ("cosine_quarter", "cosine", 25, 0, 100, 0.5 * (1 + math.sqrt(0.5))),
+        ("cosine_half", "cosine", 50, 0, 100, 0.5),
+        ("cosine_half_after_warmup", "cosine", 60, 10, 110, 0.5),
+        ("cosine_warmup", "cosine", 4, 9, 100, 0.5),
+        ("cosine_end", "cosine", 100, 0, 100, 0.0),
+        ("cosine_past_end", "cosine", 150, 0, 100, 0.0),
+        # Constant ignores warmup entirely.
+        ("constant_start", "constant", 0, 0, 10, 1.0),
+        ("constant_with_unused_warmup", "constant", 2, 10, 100, 1.0),
+        ("constant_end", "constant", 10, 0, 10, 1.0),
+        # Constant with warmup: the linear ramp, then flat at the peak (also past `total`).
+        ("constant_with_warmup_first", "constant_with_warmup", 0, 3, 10, 0.25),
+        ("constant_with_warmup_last", "constant_with_warmup", 2, 3, 10, 0.75),
+        ("constant_with_warmup_peak", "constant_with_warmup", 3, 3, 10, 1.0),
+        ("constant_with_warmup_late", "constant_with_warmup", 50, 3, 10, 1.0),
+        # Inverse square root: sqrt(warmup / max(step, warmup)), flat at the peak during warmup.
+        ("inverse_sqrt_step0", "inverse_sqrt", 0, 100, 1000, 1.0),
+        ("inverse_sqrt_in_warmup", "inverse_sqrt", 50, 100, 1000, 1.0),
+        ("inverse_sqrt_at_warmup", "inverse_sqrt", 100, 100, 1000, 1.0),
+        ("inverse_sqrt_4x", "inverse_sqrt", 400, 100, 1000, 0.5),
+        ("inverse_sqrt_9x", "inverse_sqrt", 900, 100, 1000, 1 / 3),
+        ("inverse_sqrt_past_total", "inverse_sqrt", 10000, 100, 1000, 0.1),
+        ("inverse_sqrt_no_warmup", "inverse_sqrt", 4, 0, 10, 0.5),
+        ("inverse_sqrt_no_warmup_step0", "inverse_sqrt", 0, 0, 10, 1.0),
+    )
+    def test_golden_values(self, kind, step, warmup, total, expected):
+        self.assertAlmostEqual(optim.lr_multiplier(kind, step, warmup, total), expected, places=12)
+
+    def test_unknown_schedule_raises(self):
+        with self.assertRaisesRegex(ValueError, "polynomial"):
+            optim.lr_multiplier("polynomial", 5, 0, 10)
+
+
+class WarmupStepsTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("ratio", 0, 0.1, 50, 5),
+        ("ratio_rounds_up", 0, 0.1, 45, 5),
+        ("ratio_float_noise_0_07", 0, 0.07, 100, 7),
+        ("ratio_float_noise_0_14", 0, 0.14, 50, 7),
+        ("steps_win_over_ratio", 3, 0.5, 50, 3),
+        ("steps_alone", 8, 0.0, 50, 8),
+        ("neither", 0, 0.0, 50, 0),
+    )
+    def test_warmup_steps(self, steps, ratio, total, expected):
+        config = _config(warmup_steps=steps, warmup_ratio=ratio)
+        self.assertEqual(optim.warmup_steps(config, total), expected)
+
+
+class BuildSchedulerTest(parameterized.TestCase):
+
+    def _lrs(self, config, total, n):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        optimizer = optim.build_optimizer(model, config)
+        scheduler = optim.build_scheduler(optimizer, config, total)
+        lrs = []
+        for _ in range(n):
+            lrs.append(optimizer.param_groups[0]["lr"])
+            self.assertEqual(optimizer.param_groups[1]["lr"], lrs[-1])
+            optimizer.step()
+            scheduler.step()
+        return lrs
+
+    @parameterized.named_parameters(
+        ("linear", "linear"),
+        ("cosine", "cosine"),
+        ("constant", "constant"),
+        ("constant_with_warmup", "constant_with_warmup"),
+        ("inverse_sqrt", "inverse_sqrt"),
+    )
+    def test_lr_is_learning_rate_times_multiplier(self, kind):
+        config = _config(learning_rate=0.01, lr_scheduler_type=kind, warmup_steps=4)
+        lrs = self._lrs(config, total=12, n=14)
+        for step, lr in enumerate(lrs):
+            self.assertAlmostEqual(lr, 0.01 * optim.lr_multiplier(kind, step, 4, 12), places=15)
+
+    def test_linear_values_by_hand(self):
+        config = _config(learning_rate=0.01, lr_scheduler_type="linear", warmup_steps=4)
+        lrs = self._lrs(config, total=8, n=9)
+        expected = [0.002, 0.004, 0.006, 0.008, 0.01, 0.0075, 0.005, 0.0025, 0.0]
+        for lr, want in zip(lrs, expected):
+            self.assertAlmostEqual(lr, want, places=15)
+
+    def test_warmup_steps_win_over_ratio(self):
+        config = _config(learning_rate=1.0, lr_scheduler_type="constant_with_warmup", warmup_steps=2,
+                         warmup_ratio=0.5)
+        lrs = self._lrs(config, total=50, n=4)
+        self.assertSequenceAlmostEqual(lrs, [1 / 3, 2 / 3, 1.0, 1.0], places=15)
+
+    def test_warmup_ratio_of_total(self):
+        # 0.1 of 50 steps: 5 warmup steps, so the peak is first reached at step 5.
+        config = _config(learning_rate=1.0, lr_scheduler_type="constant_with_warmup", warmup_ratio=0.1)
+        lrs = self._lrs(config, total=50, n=7)
+        self.assertSequenceAlmostEqual(lrs, [1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0], places=15)
+
+
+class BuildOptimizerTest(parameterized.TestCase):
+
+    def test_adamw_by_default_with_config_hyperparameters(self):
+        config = _config(learning_rate=0.123, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6,
+                         weight_decay=0.01)
+        optimizer = optim.build_optimizer(torch.nn.Linear(3, 2), config)
+        self.assertIs(type(optimizer), torch.optim.AdamW)
+        for group in optimizer.param_groups:
+            self.assertEqual(group["lr"], 0.123)
+            self.assertEqual(group["betas"], (0.8, 0.95))
+            self.assertEqual(group["eps"], 1e-6)
+
+    def test_weight_decay_only_on_matrices(self):
+        model = _tiny_t5()
+        optimizer = optim.build_optimizer(model, _config(weight_decay=0.05))
+        names = {id(p): n for n, p in model.named_parameters()}
+        decay = {names[id(p)] for g in optimizer.param_groups if g["weight_decay"] == 0.05 for p in g["params"]}
+        no_decay = {names[id(p)] for g in optimizer.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
+        self.assertLen(optimizer.param_groups, 2)
+        # Every trainable parameter is optimized exactly once.
+        self.assertEqual(sorted(decay | no_decay), sorted(names.values()))
+        self.assertEmpty(decay & no_decay)
+        self.assertEqual(sum(len(g["params"]) for g in optimizer.param_groups), len(names))
+        self.assertEqual(no_decay, {
+            "encoder.block.0.layer.0.layer_norm.weight", "encoder.block.0.layer.1.layer_norm.weight",
+            "encoder.final_layer_norm.weight", "decoder.block.0.layer.0.layer_norm.weight",
+            "decoder.block.0.layer.1.layer_norm.weight", "decoder.block.0.layer.2.layer_norm.weight",
+            "decoder.final_layer_norm.weight",
+        })
+        self.assertIn("shared.weight", decay)
+        self.assertIn("encoder.block.0.layer.0.SelfAttention.q.weight", decay)
+        self.assertIn("decoder.block.0.layer.2.DenseReluDense.wo.weight", decay)
+        for name, param in model.named_parameters():
+            self.assertEqual(name in decay, param.ndim == 2, name)
+
+    def test_biases_are_not_decayed(self):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+        optimizer = optim.build_optimizer(model, _config(weight_decay=0.1))
+        decay_group, no_decay_group = optimizer.param_groups
+        self.assertEqual(decay_group["weight_decay"], 0.1)
+        self.assertEqual(no_decay_group["weight_decay"], 0.0)
+        self.assertEqual([p.shape for p in decay_group["params"]], [(4, 3), (2, 4)])
+        self.assertEqual([p.shape for p in no_decay_group["params"]], [(4,), (4,), (4,), (2,)])
+
+    def test_frozen_parameters_are_left_out(self):
+        model = torch.nn.Linear(3, 2)
+        model.bias.requires_grad_(False)
+        optimizer = optim.build_optimizer(model, _config())
+        self.assertEqual([len(g["params"]) for g in optimizer.param_groups], [1, 0])
+        self.assertIs(optimizer.param_groups[0]["params"][0], model.weight)
+
+    def test_decay_actually_shrinks_weights_only(self):
+        # With zero gradients AdamW's update is pure decay: w <- w * (1 - lr * wd).
+        model = torch.nn.Linear(3, 2)
+        weight, bias = model.weight.detach().clone(), model.bias.detach().clone()
+        optimizer = optim.build_optimizer(model, _config(learning_rate=0.1, weight_decay=0.5))
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        torch.testing.assert_close(model.weight.detach(), weight * (1 - 0.1 * 0.5))
+        torch.testing.assert_close(model.bias.detach(), bias)
+
+    def test_adafactor(self):
+        model = _tiny_t5()
+        optimizer = optim.build_optimizer(model, _config(optim="adafactor", learning_rate=1e-3, weight_decay=0.01))
+        self.assertIsInstance(optimizer, Adafactor)
+        self.assertEqual(optimizer.defaults["lr"], 1e-3)
+        self.assertIs(optimizer.defaults["scale_parameter"], False)
+        self.assertIs(optimizer.defaults["relative_step"], False)
+        self.assertIs(optimizer.defaults["warmup_init"], False)
+        self.assertEqual([g["weight_decay"] for g in optimizer.param_groups], [0.01, 0.0])
+        self.assertEqual([g["lr"] for g in optimizer.param_groups], [1e-3, 1e-3])
+
+    def test_adafactor_follows_scheduler(self):
+        model = torch.nn.Linear(3, 2)
+        config = _config(optim="adafactor", learning_rate=0.01, lr_scheduler_type="linear", warmup_steps=1)
+        optimizer = optim.build_optimizer(model, config)
+        scheduler = optim.build_scheduler(optimizer, config, 3)
+        lrs = []
+        for _ in range(4):
+            lrs.append(optimizer.param_groups[0]["lr"])
+            model(torch.ones(1, 3)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+        self.assertSequenceAlmostEqual(lrs, [0.005, 0.01, 0.005, 0.0], places=15)
+
+
+if __name__ == "__main__":
+    absltest.main()
