@@ -41,8 +41,8 @@ class FineTuneConfig(TrainingConfig):
     trust_remote_code: bool = False
     max_source_length: int = 512
     max_target_length: int = 64
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N rows; 0 means all."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use the first N rows; 0 means all."})
     dropout_rate: float | None = field(default=None, metadata={"help": "Overrides the model config's dropout."})
     project_name: str = field(default="t5-fine-tune", metadata={"help": "Tracker (W&B) project."})
 
@@ -50,6 +50,9 @@ class FineTuneConfig(TrainingConfig):
         super().__post_init__()
         if self.max_source_length < 2 or self.max_target_length < 2:
             raise UsageError("--max_source_length and --max_target_length must be at least 2 (text + EOS)")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if (getattr(self, name) or 0) < 0:
+                raise UsageError(f"--{name} must be >= 0 (0 or unset means every row), got {getattr(self, name)}")
         if bool(self.train_file) != bool(self.validation_file):
             raise UsageError("pass both --train_file and --validation_file, or neither")
 

@@ -59,8 +59,12 @@ def _canonical(entry: TaskEntry, ds: datasets.Dataset, split: str) -> datasets.D
     if len(ds) == 0:
         raise UsageError(f"{split} split is empty; point the run at a file with rows")
     ds = ds.select_columns(list(required_columns(entry)))
+    # Explicit features: without them, map casts the new labels back to the column's old type
+    # when the rows come from a cache file (load_dataset), so label words became "0"/"1".
+    target_type = {"classification": "int64", "regression": "float64", "seq2seq": "string"}[entry.kind]
+    features = datasets.Features({**ds.features, entry.target: datasets.Value(target_type)})
     return ds.map(make_label_normalizer(entry, f"{split} split"), batched=True, with_indices=True,
-                  features=None, desc=f"checking {split} labels")
+                  features=features, desc=f"checking {split} labels")
 
 
 def _read_table_file(path: str, split: str) -> datasets.Dataset:
@@ -71,10 +75,30 @@ def _read_table_file(path: str, split: str) -> datasets.Dataset:
     if builder is None:
         raise UsageError(f"{path}: unsupported file type {extension!r}; use .csv, .tsv, .json or .jsonl")
     kwargs = {"delimiter": "\t"} if extension == ".tsv" else {}
-    try:
-        return datasets.load_dataset(builder, data_files={split: path}, split=split, **kwargs)
-    except UnicodeDecodeError as err:
-        raise UsageError(f"{path} is not UTF-8 ({err.reason} at byte {err.start}); re-encode it as UTF-8") from None
+    # datasets names neither problem: a file without rows fails with "Instruction ... corresponds
+    # to no data" or a bare StopIteration, and bad UTF-8 inside a JSON string fails only when read.
+    lines, error = _scan_lines(path, "utf-8")
+    if error:
+        raise error
+    if lines <= (1 if builder == "csv" else 0):  # a CSV's first line is its header
+        raise UsageError(f"{split} file {path} has no rows; point the run at a file with rows")
+    return datasets.load_dataset(builder, data_files={split: path}, split=split, **kwargs)
+
+
+def _scan_lines(path: str, encoding: str) -> tuple[int, UsageError | None]:
+    """Counts the non-blank lines of a file, stopping with an error at the first that does not decode."""
+    # Line by line so the error can name the line: a UnicodeDecodeError's offset counts from the
+    # start of the chunk being decoded, not of the file.
+    count = 0
+    with open(path, "rb") as f:
+        for line, raw in enumerate(f, start=1):
+            try:
+                raw.decode(encoding)
+            except UnicodeDecodeError as err:
+                return count, UsageError(f"{path} is not {encoding}: line {line} has byte 0x{raw[err.start]:02x} "
+                                         f"({err.reason}); re-encode it as UTF-8")
+            count += bool(raw.strip())
+    return count, None
 
 
 def _read_local_files(entry: TaskEntry, data_dir: str, splits: Sequence[str]) -> dict[str, datasets.Dataset]:
@@ -96,10 +120,10 @@ def _read_delimited(path: str, layout: LocalFiles) -> datasets.Dataset:
             reader = csv.reader(f, delimiter=layout.delimiter, quoting=layout.quoting)
             names = next(reader, []) if layout.header else None
             for line, row in enumerate(reader, start=2 if layout.header else 1):
-                if names is None:
-                    names = [str(i) for i in range(len(row))]
                 if not row:
                     continue
+                if names is None:
+                    names = [str(i) for i in range(len(row))]
                 record = dict(zip(names, row))
                 missing = [old for old in layout.columns if old not in record]
                 if missing:
@@ -108,8 +132,7 @@ def _read_delimited(path: str, layout: LocalFiles) -> datasets.Dataset:
                 for old, new in layout.columns.items():
                     columns[new].append(record[old])
     except UnicodeDecodeError as err:
-        raise UsageError(f"{path} is not {layout.encoding} ({err.reason} at byte {err.start}); "
-                         "re-encode it as UTF-8") from None
+        raise (_scan_lines(path, layout.encoding)[1] or err) from None
     return datasets.Dataset.from_dict(columns)
 
 
@@ -240,7 +263,9 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
         return self.length
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        # Mix seed and epoch so that seed 43 at epoch 0 is not seed 42 at epoch 1.
+        mixed = np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(mixed))
         return iter(torch.randperm(self.length, generator=generator).tolist())
 
 
@@ -279,9 +304,11 @@ def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
             f"{config.max_source_length} tokens, {result.truncated_targets} targets to {config.max_target_length}")
         tokenized[split] = result.dataset
     evals = {}
-    for split in entry.eval_splits:
-        if split not in tokenized:
-            raise UsageError(f"no {split} split found; pass --validation_file or a --data_dir that has it")
+    # A single --validation_file stands for the first eval split (MNLI: matched only).
+    eval_splits = [split for split in entry.eval_splits if split in tokenized]
+    if not eval_splits:
+        raise UsageError(f"no {entry.eval_splits[0]} split found; pass --validation_file or a --data_dir that has it")
+    for split in eval_splits:
         ds = tokenized[split].add_column("idx", list(range(len(tokenized[split]))))
         # Longest first: generation batches then hold rows of similar length, and an
         # out-of-memory error shows up on the first batch rather than the last.

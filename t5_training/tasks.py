@@ -43,6 +43,10 @@ def make_label_normalizer(entry: TaskEntry, where: str) -> Callable[[Batch], dic
     """
 
     def to_class_id(value, row: int) -> int:
+        # A CSV id column with an empty cell is read as floats (1.0, 0.0, None): take 1.0 as 1 so the
+        # error below names the empty row rather than the first one.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
         text = str(value).strip() if value is not None else ""
         if text in entry.label_words:
             return entry.label_words.index(text)
@@ -97,6 +101,8 @@ def make_formatter(entry: TaskEntry) -> Callable[[Batch], dict]:
         for row in zip(*(batch[column] for column in entry.inputs)):
             parts = [entry.prefix] if entry.prefix else []
             for column, value in zip(entry.inputs, row):
+                # CSV/JSON columns may hold numbers, and an empty CSV cell is None (a TSV's is "").
+                value = "" if value is None else str(value)
                 parts.extend([f"{column}:", value] if entry.show_keys else [value])
             sources.append(" ".join(parts))
         return {"source": sources, "target": [target_text(entry, v) for v in batch[entry.target]]}

@@ -9,6 +9,10 @@ import csv
 import functools
 import os
 import tempfile
+from unittest import mock
+
+import datasets
+from absl.testing import parameterized
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
@@ -43,3 +47,16 @@ def fine_tune_args(output_dir: str, *extra: str) -> list[str]:
         "--max_train_samples", "100", "--max_eval_samples", "32", "--logging_steps", "1",
         "--learning_rate", "1e-3", "--seed", "7", *extra,
     ]
+
+
+class TempDirTestCase(parameterized.TestCase):
+    """A fresh temp dir per test (`self.dir`), with datasets' cache inside it so loads leave nothing behind."""
+
+    def setUp(self):
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory()  # create_tempdir needs absl flags, which pytest does not parse
+        self.addCleanup(tmp.cleanup)
+        self.dir = tmp.name
+        patcher = mock.patch.object(datasets.config, "HF_DATASETS_CACHE", os.path.join(self.dir, "hf_cache"))
+        patcher.start()
+        self.addCleanup(patcher.stop)

@@ -1,0 +1,223 @@
+"""Tests for t5_training.config.parse_config with fine_tune_t5.FineTuneConfig."""
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import runpy
+import sys
+import tempfile
+
+from absl.testing import absltest, parameterized
+from absl.testing.absltest import mock
+
+import fine_tune_t5  # importing the script must not start a run
+from tests import fixtures
+from t5_training.config import TrainingConfig, config_to_dict, parse_config
+from t5_training.errors import UsageError
+
+FineTuneConfig = fine_tune_t5.FineTuneConfig
+
+
+def parse(*words):
+    return parse_config(FineTuneConfig, list(words))
+
+
+class ParseConfigTest(parameterized.TestCase):
+
+    def test_defaults(self):
+        config = parse()
+        self.assertEqual(config, FineTuneConfig())
+        self.assertIsInstance(config, TrainingConfig)
+        self.assertEqual((config.learning_rate, config.seed, config.benchmark, config.dataset_name),
+                         (3e-4, 42, "glue", "sst2"))
+        self.assertIs(config.overwrite_output_dir, False)
+        self.assertIsNone(config.data_dir)
+        self.assertEqual(parse_config(FineTuneConfig, None), config)
+
+    def test_import_starts_nothing(self):
+        # Run the module's top level again as an import would, with words in sys.argv that
+        # main() would reject: nothing may parse them, print, or write into the working dir.
+        with tempfile.TemporaryDirectory() as cwd, \
+                mock.patch.object(sys, "argv", ["fine_tune_t5.py", "--learning_rte", "1"]), \
+                contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+            old_cwd = os.getcwd()
+            os.chdir(cwd)
+            try:
+                module = runpy.run_path(fine_tune_t5.__file__, run_name="fine_tune_t5")
+            finally:
+                os.chdir(old_cwd)
+            self.assertEqual(os.listdir(cwd), [])
+        self.assertEqual((out.getvalue(), err.getvalue()), ("", ""))
+        self.assertEqual([f.name for f in dataclasses.fields(module["FineTuneConfig"])],
+                         [f.name for f in dataclasses.fields(FineTuneConfig)])
+
+    @parameterized.named_parameters(
+        ("space", ["--learning_rate", "1e-4", "--seed", "7"]),
+        ("equals", ["--learning_rate=1e-4", "--seed=7"]),  # what a W&B agent passes
+        ("mixed", ["--learning_rate=1e-4", "--seed", "7"]),
+        ("dashes", ["--learning-rate", "1e-4", "--seed=7"]),
+    )
+    def test_flag_forms(self, words):
+        config = parse(*words)
+        self.assertEqual((config.learning_rate, config.seed), (1e-4, 7))
+
+    def test_wandb_agent_style(self):
+        config = parse("--learning_rate=3e-4", "--per_device_train_batch_size=16", "--lr_scheduler_type=cosine",
+                       "--dataset_name=mnli", "--max_eval_samples=100", "--dropout_rate=0.0")
+        self.assertEqual(config.learning_rate, 3e-4)
+        self.assertEqual(config.per_device_train_batch_size, 16)
+        self.assertEqual(config.lr_scheduler_type, "cosine")
+        self.assertEqual(config.dataset_name, "mnli")
+        self.assertEqual(config.max_eval_samples, 100)
+        self.assertEqual(config.dropout_rate, 0.0)
+
+    @parameterized.named_parameters(
+        ("bare", ["--overwrite_output_dir"], True),
+        ("true", ["--overwrite_output_dir", "true"], True),
+        ("equals_true", ["--overwrite_output_dir=True"], True),
+        ("false", ["--overwrite_output_dir", "false"], False),
+        ("zero", ["--overwrite_output_dir", "0"], False),
+        ("bare_then_flag", ["--overwrite_output_dir", "--seed", "3"], True),
+    )
+    def test_bool_flags(self, words, expected):
+        self.assertIs(parse(*words).overwrite_output_dir, expected)
+
+    def test_gradient_checkpointing_true(self):
+        config = parse("--gradient_checkpointing", "true", "--trust_remote_code")
+        self.assertIs(config.gradient_checkpointing, True)
+        self.assertIs(config.trust_remote_code, True)
+        self.assertIs(config.overwrite_output_dir, False)
+
+    def test_later_flag_wins(self):
+        self.assertEqual(parse("--seed", "1", "--seed", "2").seed, 2)
+
+    @parameterized.named_parameters(
+        ("typo", "--learning_rte", "--learning_rate"),
+        ("typo_equals", "--learning_rte=1e-4", "--learning_rate"),
+        ("abbreviation", "--learning", "--learning_rate"),  # rejected, not expanded
+        ("abbreviation_batch", "--per_device_train", "--per_device_train_batch_size"),
+        ("swapped_letters", "--sede", "--seed"),
+        ("hub_style_name", "--model_name", "--model_name_or_path"),
+    )
+    def test_misspelt_flag_suggests(self, flag, suggestion):
+        with self.assertRaisesRegex(UsageError, rf"^unknown flag {flag.split('=')[0]}; did you mean {suggestion}\?$"):
+            parse(flag, "1e-4")
+
+    def test_unknown_flag_without_match(self):
+        with self.assertRaisesRegex(UsageError, r"^unknown flag --zzzqqq; run with --help to list the flags$"):
+            parse("--seed", "3", "--zzzqqq", "1")
+
+    def test_stray_word(self):
+        with self.assertRaisesRegex(UsageError, r"unexpected argument 'sst2'"):
+            parse("--seed", "3", "sst2")
+
+    @parameterized.named_parameters(
+        ("zero_batch", ["--per_device_train_batch_size", "0"], r"--per_device_train_batch_size must be at least 1"),
+        ("zero_eval_batch", ["--per_device_eval_batch_size=0"], r"--per_device_eval_batch_size must be at least 1"),
+        ("bogus_scheduler", ["--lr_scheduler_type", "bogus"], r"invalid choice: 'bogus'.*'linear', 'cosine'"),
+        ("bogus_optim", ["--optim", "sgd"], r"invalid choice: 'sgd'"),
+        ("warmup_ratio_above", ["--warmup_ratio", "1.5"], r"--warmup_ratio must be in \[0, 1\), got 1.5"),
+        ("warmup_ratio_one", ["--warmup_ratio", "1"], r"--warmup_ratio must be in \[0, 1\), got 1.0"),
+        ("negative_lr", ["--learning_rate=-1e-4"], r"--learning_rate must be positive"),
+        ("not_an_int", ["--seed", "abc"], r"--seed: invalid int value: 'abc'"),
+        ("not_a_bool", ["--gradient_checkpointing", "maybe"], r"Truthy value expected"),
+        ("negative_eval_steps", ["--eval_steps", "-5"], r"--eval_steps must be >= 0, got -5"),
+        ("nothing_to_train", ["--max_steps", "0", "--num_train_epochs", "0"], r"nothing to train"),
+        ("short_source", ["--max_source_length", "1"], r"--max_source_length and --max_target_length"),
+        ("one_file_only", ["--train_file", "a.csv"], r"pass both --train_file and --validation_file"),
+    )
+    def test_invalid_values(self, words, message):
+        with self.assertRaisesRegex(UsageError, message):
+            parse(*words)
+
+    def test_frozen(self):
+        config = parse("--seed", "3")
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            config.seed = 4
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            config.learning_rate = 1.0
+        self.assertEqual(config.seed, 3)
+        self.assertEqual(dataclasses.replace(config, seed=4).seed, 4)
+
+    def test_config_to_dict(self):
+        values = config_to_dict(parse("--seed", "5", "--dataset_name", "cola"))
+        self.assertEqual((values["seed"], values["dataset_name"], values["learning_rate"]), (5, "cola", 3e-4))
+        self.assertEqual(set(values), {f.name for f in dataclasses.fields(FineTuneConfig)})
+
+
+class ConfigFileTest(fixtures.TempDirTestCase):
+
+    def setUp(self):
+        super().setUp()
+
+    def _write(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def _yaml(self):
+        return self._write("run.yaml", "learning_rate: 1e-4\nseed: 7\noverwrite_output_dir: true\n"
+                                       "lr_scheduler_type: cosine\nrun_name: null\ndataset_name: mrpc\n")
+
+    def _json(self):
+        return self._write("run.json", json.dumps({"learning_rate": 0.001, "seed": 3, "gradient_checkpointing": True,
+                                                   "max_train_samples": 64}))
+
+    def test_yaml(self):
+        config = parse("--config", self._yaml())
+        self.assertEqual((config.learning_rate, config.seed, config.lr_scheduler_type, config.dataset_name),
+                         (1e-4, 7, "cosine", "mrpc"))
+        self.assertIs(config.overwrite_output_dir, True)
+        self.assertIsNone(config.run_name)  # null leaves the default
+
+    def test_json(self):
+        config = parse("--config=" + self._json())
+        self.assertEqual((config.learning_rate, config.seed, config.max_train_samples), (0.001, 3, 64))
+        self.assertIs(config.gradient_checkpointing, True)
+
+    @parameterized.named_parameters(
+        ("yaml_after", "_yaml", lambda path: ["--config", path, "--seed", "11"], 1e-4),
+        ("yaml_before", "_yaml", lambda path: ["--seed=11", "--config", path], 1e-4),
+        ("json_after", "_json", lambda path: ["--config=" + path, "--seed", "11"], 0.001),
+    )
+    def test_command_line_wins(self, make, words, learning_rate):
+        config = parse(*words(getattr(self, make)()))
+        self.assertEqual((config.seed, config.learning_rate), (11, learning_rate))
+
+    def test_command_line_bool_overrides_file(self):
+        config = parse("--config", self._yaml(), "--overwrite_output_dir", "false")
+        self.assertIs(config.overwrite_output_dir, False)
+
+    @parameterized.named_parameters(
+        ("yaml", "bad.yaml", "learning_rte: 1e-4\nseed: 3\n"),
+        ("json", "bad.json", '{"seed": 3, "learning_rte": 0.0001}'),
+    )
+    def test_misspelt_key_in_file(self, name, text):
+        with self.assertRaisesRegex(UsageError, r"^unknown flag --learning_rte; did you mean --learning_rate\?$"):
+            parse("--config", self._write(name, text))
+
+    @parameterized.named_parameters(
+        ("missing", None, r"--config file '.*nope.yaml' not found"),
+        ("not_a_mapping", "- 1\n- 2\n", r"must hold a mapping of flag: value pairs"),
+        ("bad_yaml", "a: [\n", r"is not valid YAML"),
+        ("bad_value", "per_device_train_batch_size: 0\n", r"--per_device_train_batch_size must be at least 1"),
+    )
+    def test_bad_file(self, text, message):
+        path = os.path.join(self.dir, "nope.yaml") if text is None else self._write("x.yaml", text)
+        with self.assertRaisesRegex(UsageError, message):
+            parse("--config", path)
+
+    def test_bad_json(self):
+        with self.assertRaisesRegex(UsageError, r"is not valid JSON"):
+            parse("--config", self._write("x.json", '{"seed": 3,'))
+
+    def test_config_without_path(self):
+        with self.assertRaisesRegex(UsageError, r"--config file '' not found"):
+            parse("--config")
+
+
+if __name__ == "__main__":
+    absltest.main()
