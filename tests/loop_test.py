@@ -81,6 +81,18 @@ class AccumulationTest(absltest.TestCase):
                 torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
+class EarlyStoppingTest(absltest.TestCase):
+    def test_stops_after_patience_evaluations_without_improvement(self):
+        # A learning rate this small cannot change a greedy prediction, so the metric is flat:
+        # step 1 sets the best, steps 2 and 3 fail to improve, and patience 2 stops at step 3.
+        with tempfile.TemporaryDirectory() as out:
+            result = _run(out, "--max_steps", "50", "--learning_rate", "1e-12", "--eval_steps", "1",
+                          "--early_stopping_patience", "2")
+            self.assertEqual(result["train"]["train_steps"], 3)
+            self.assertEqual(result["eval"]["best_step"], 1)
+            self.assertLen(_losses(out), 3)
+
+
 class TotalStepsTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("max_steps_wins", dict(max_steps=5, num_train_epochs=10), 13, 5),
