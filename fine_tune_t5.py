@@ -12,38 +12,31 @@ eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.pn
 """
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 
 from accelerate.utils import set_seed
 
-from t5_training import checkpoint, data, evaluation, loop, reporting
-from t5_training.config import TrainingConfig, parse_config
+from t5_training import checkpoint, data, evaluation, loop
+from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
-from t5_training.modeling import load_model, load_tokenizer
-from t5_training.optim import build_optimizer, build_scheduler
+from t5_training.modeling import load_tokenizer_and_model
 from t5_training.tasks import get_entry
 
 
 @dataclass(frozen=True)
-class FineTuneConfig(TrainingConfig):
-    """Flags of fine_tune_t5.py: the shared training flags plus model and data."""
+class FineTuneConfig(ModelConfig, TrainingConfig):
+    """Flags of fine_tune_t5.py: the shared training and model flags, plus the task's data."""
 
     benchmark: str = field(default="glue", metadata={"help": "A key of DATASET_VALS: glue, seq2seq, embedded."})
     dataset_name: str = field(default="sst2", metadata={"help": "A task of the benchmark, e.g. sst2, mnli."})
     data_dir: str | None = field(default=None, metadata={"help": "Folder with the task's original files."})
     train_file: str | None = field(default=None, metadata={"help": "CSV/TSV/JSONL training rows."})
     validation_file: str | None = field(default=None, metadata={"help": "CSV/TSV/JSONL evaluation rows."})
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Pretrained model: hub name or folder."})
-    config_name: str | None = field(default=None, metadata={"help": "Model config JSON for a from-scratch model."})
-    tokenizer_name: str | None = field(default=None, metadata={"help": "Defaults to --model_name_or_path."})
-    trust_remote_code: bool = False
     max_source_length: int = 512
     max_target_length: int = 64
     max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N rows; 0 means all."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use the first N rows; 0 means all."})
-    dropout_rate: float | None = field(default=None, metadata={"help": "Overrides the model config's dropout."})
     project_name: str = field(default="t5-fine-tune", metadata={"help": "Tracker (W&B) project."})
 
     def __post_init__(self):
@@ -58,52 +51,26 @@ class FineTuneConfig(TrainingConfig):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Parses, builds, prepares, resumes, trains and exports; returns the final eval metrics."""
+    """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(FineTuneConfig, argv)
     entry = get_entry(config.benchmark, config.dataset_name)
     resume_path = checkpoint.prepare_output_dir(config.output_dir, config.overwrite_output_dir,
                                                 config.resume_from_checkpoint)
     accelerator = loop.build_accelerator(config)
     set_seed(config.seed)
-
-    tokenizer = load_tokenizer(config.tokenizer_name or config.model_name_or_path, config.trust_remote_code)
-    overrides = {"dropout_rate": config.dropout_rate} if config.dropout_rate is not None else {}
-    model = load_model(config.model_name_or_path, config.config_name, tokenizer,
-                       trust_remote_code=config.trust_remote_code, overrides=overrides)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    tokenizer, model = load_tokenizer_and_model(config)
 
     with accelerator.main_process_first():
         task = data.build_task_data(entry, config, tokenizer, accelerator.print)
     train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, model.config.decoder_start_token_id)
-    optimizer = build_optimizer(model, config)
-    model, optimizer, train_loader, *prepared = accelerator.prepare(model, optimizer, train_loader,
-                                                                    *eval_loaders.values())
-    eval_loaders = dict(zip(eval_loaders, prepared))
-    total_steps = loop.total_train_steps(config, len(train_loader))
-    scheduler = build_scheduler(optimizer, config, total_steps)
-    accelerator.register_for_checkpointing(scheduler)
 
-    state = loop.TrainState()
-    if resume_path:
-        checkpoint.load_checkpoint(accelerator, resume_path, state)
-        accelerator.print(f"resumed from {resume_path} at step {state.step}")
-    else:
-        checkpoint.remove_stale_checkpoints(accelerator, config.output_dir)
-    loop.init_trackers(accelerator, config, config.project_name)
-
-    evaluate = evaluation.make_generation_evaluator(accelerator, entry, task, eval_loaders, tokenizer,
+    def make_evaluate(prepared_eval_loaders):
+        return evaluation.make_generation_evaluator(accelerator, entry, task, prepared_eval_loaders, tokenizer,
                                                     config.output_dir)
-    export = lambda model, name: checkpoint.export_model(  # noqa: E731
-        accelerator, model, tokenizer, os.path.join(config.output_dir, name))
-    objective = loop.Objective(entry.metric_to_optimize, entry.greater_is_better)
-    state = loop.train(accelerator, config, model, optimizer, scheduler, train_loader, state,
-                       total_steps=total_steps, evaluate=evaluate, objective=objective, export=export)
 
-    export(model, "final")
-    results = loop.finish(accelerator, config, state, objective, len(train_loader))
-    accelerator.end_training()
-    return results
+    return loop.fit(accelerator, config, model, tokenizer, train_loader, eval_loaders, make_evaluate=make_evaluate,
+                    objective=loop.Objective(entry.metric_to_optimize, entry.greater_is_better),
+                    resume_path=resume_path, project_name=config.project_name)
 
 
 if __name__ == "__main__":

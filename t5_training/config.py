@@ -22,7 +22,7 @@ from t5_training.errors import UsageError
 C = TypeVar("C")
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "inverse_sqrt")
-OPTIMIZERS = ("adamw_torch", "adafactor")
+OPTIMIZERS = ("adamw_torch", "adafactor", "adamw_scale")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,17 @@ class TrainingConfig:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
             raise UsageError(f"--learning_rate must be positive, got {self.learning_rate}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model and tokenizer a script starts from (`t5_training.modeling`)."""
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Pretrained model: hub name or folder."})
+    config_name: str | None = field(default=None, metadata={"help": "Model config JSON for a from-scratch model."})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Defaults to --model_name_or_path."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Run code shipped with a hub model."})
+    dropout_rate: float | None = field(default=None, metadata={"help": "Overrides the model config's dropout."})
 
 
 class _Parser(HfArgumentParser):

@@ -23,6 +23,33 @@ class SplitPredictions:
     loss: float
 
 
+def teacher_forced_row_stats(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: summed target-token loss, number of target tokens, and tokens predicted right."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   decoder_input_ids=batch["decoder_input_ids"]).logits
+    labels = batch["labels"]
+    loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none").sum(dim=1)
+    valid = labels != -100
+    correct = ((logits.argmax(dim=-1) == labels) & valid).sum(dim=1)
+    return loss, valid.sum(dim=1), correct
+
+
+def make_teacher_forced_evaluator(accelerator, loader):
+    """`evaluate(model) -> {"loss", "accuracy"}`: mean target-token loss and the percentage of
+    target tokens (sentinels included) predicted right, over a fixed evaluation set."""
+
+    def evaluate(model) -> dict:
+        totals = torch.zeros(3, dtype=torch.float64)
+        with torch.no_grad(), accelerator.autocast():
+            for batch in loader:
+                stats = accelerator.gather_for_metrics(teacher_forced_row_stats(model, batch))
+                totals += torch.stack([s.sum().double().cpu() for s in stats])
+        loss, tokens, correct = totals.tolist()
+        return {"loss": loss / max(tokens, 1), "accuracy": 100 * correct / max(tokens, 1)}
+
+    return evaluate
+
+
 def decode_split(accelerator, model, loader, tokenizer, num_rows: int, max_new_tokens: int) -> SplitPredictions:
     """Greedy predictions for every row of a split (in row order) and the teacher-forced loss."""
     unwrapped = accelerator.unwrap_model(model)
@@ -33,11 +60,7 @@ def decode_split(accelerator, model, loader, tokenizer, num_rows: int, max_new_t
     loss_sum, token_count = 0.0, 0
     with torch.no_grad(), accelerator.autocast():
         for batch in loader:
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
-            row_loss = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], ignore_index=-100,
-                                       reduction="none").sum(dim=1)
-            row_tokens = (batch["labels"] != -100).sum(dim=1)
+            row_loss, row_tokens, _ = teacher_forced_row_stats(model, batch)
             generated = unwrapped.generate(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, synced_gpus=zero3,

@@ -27,6 +27,8 @@ from tqdm.auto import tqdm
 
 from t5_training import checkpoint, reporting
 from t5_training.config import TrainingConfig, config_to_dict
+from t5_training.errors import UsageError
+from t5_training.optim import build_optimizer, build_scheduler
 
 EvaluateFn = Callable[[torch.nn.Module], dict]
 ExportFn = Callable[[torch.nn.Module, str], None]
@@ -113,11 +115,13 @@ def init_trackers(accelerator: Accelerator, config: TrainingConfig, project: str
         accelerator.init_trackers(project, config=config_to_dict(config), init_kwargs=init_kwargs)
 
 
-def total_train_steps(config: TrainingConfig, batches_per_epoch: int) -> int:
+def total_train_steps(config: TrainingConfig, per_epoch: int) -> int:
     """Optimizer steps in the run: --max_steps, or the epochs' micro-batches over accumulation."""
     if config.max_steps > 0:
         return config.max_steps
-    return max(1, math.ceil(config.num_train_epochs * batches_per_epoch / config.gradient_accumulation_steps))
+    if not per_epoch:
+        raise UsageError("a streamed corpus has no length: set --max_steps")
+    return max(1, math.ceil(config.num_train_epochs * per_epoch / config.gradient_accumulation_steps))
 
 
 def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -135,13 +139,23 @@ def forward_loss_sum(model: torch.nn.Module, batch: dict) -> torch.Tensor:
 def _micro_batches(accelerator: Accelerator, loader, state: TrainState) -> Iterator[dict]:
     """Batches forever, epoch after epoch, starting at the state's saved data position."""
     while True:
-        loader.set_epoch(state.epoch)
+        # A streaming loader is not prepared by accelerate (its dataset shards itself), so the
+        # epoch goes to its dataset and its batches still have to reach the device.
+        (loader if hasattr(loader, "set_epoch") else loader.dataset).set_epoch(state.epoch)
         skip = state.batches_in_epoch
         for batch in accelerator.skip_first_batches(loader, skip) if skip else loader:
             state.batches_in_epoch += 1
-            yield batch
+            yield {name: value.to(accelerator.device) for name, value in batch.items()}
         state.epoch += 1
         state.batches_in_epoch = 0
+
+
+def batches_per_epoch(loader) -> int:
+    """Micro-batches per epoch, or 0 for a stream that has no length."""
+    try:
+        return len(loader)
+    except TypeError:
+        return 0
 
 
 def _train_step(accelerator, model, optimizer, window: list[dict], max_grad_norm: float) -> torch.Tensor:
@@ -199,7 +213,7 @@ def train(
                desc="training", dynamic_ncols=True)
     batches = _micro_batches(accelerator, loader, state)
     pending: list[torch.Tensor] = []
-    per_epoch = len(loader)
+    per_epoch = batches_per_epoch(loader)
     stop = False
     while state.step < total_steps and not stop:
         started = time.perf_counter()
@@ -234,9 +248,10 @@ def _flush_losses(accelerator, scheduler, state: TrainState, pending: list, bar,
     pending.clear()
     state.losses.extend(values)
     lr = scheduler.get_last_lr()[0]
-    accelerator.log({"train/loss": sum(values) / len(values), "train/lr": lr,
-                     "train/epoch": state.epoch + state.batches_in_epoch / max(1, per_epoch)},
-                    step=state.step)
+    logged = {"train/loss": sum(values) / len(values), "train/lr": lr}
+    if per_epoch:
+        logged["train/epoch"] = state.epoch + state.batches_in_epoch / per_epoch
+    accelerator.log(logged, step=state.step)
     bar.set_postfix(loss=f"{values[-1]:.4f}", lr=f"{lr:.2e}")
 
 
@@ -271,7 +286,7 @@ def _save(accelerator, config, state: TrainState) -> None:
 
 
 def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective,
-           batches_per_epoch: int) -> dict:
+           per_epoch: int) -> dict:
     """Writes train_results.json, eval_results.json and loss_curve.png; prints the metric table.
 
     Throughput counts time spent in optimizer steps only (not evaluation or saving), and
@@ -284,7 +299,7 @@ def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, 
         "train_samples_per_second": round(state.samples_seen / seconds, 3),
         "train_tokens_per_second": round(state.tokens_seen / seconds, 3),
         "train_steps": state.step,
-        "epoch": round(state.epoch + state.batches_in_epoch / max(1, batches_per_epoch), 4),
+        "epoch": round(state.epoch + state.batches_in_epoch / per_epoch, 4) if per_epoch else None,
     }
     last_eval = {k: v for k, v in (state.evals[-1] if state.evals else {}).items() if k != "step"}
     eval_results = {**last_eval, "best_metric": state.best_metric, "best_step": state.best_step,
@@ -298,3 +313,42 @@ def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, 
         rows += [{"metric": k, "value": v} for k, v in train_results.items()]
         accelerator.print(reporting.format_table(rows))
     return {"train": train_results, "eval": eval_results}
+
+
+def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, train_loader, eval_loaders: dict, *,
+        make_evaluate: Callable[[dict], EvaluateFn], objective: Objective, resume_path: str | None,
+        project_name: str, prepare_train_loader: bool = True) -> dict:
+    """Everything after the data is ready, shared by both scripts: prepare, resume, train, export.
+
+    `make_evaluate(prepared_eval_loaders)` builds the evaluation. A streaming train loader is
+    not prepared (`prepare_train_loader=False`): its dataset already splits work between
+    processes. Returns the results written to train_results.json and eval_results.json.
+    """
+    optimizer = build_optimizer(model, config)
+    to_prepare = [model, optimizer, *eval_loaders.values()] + ([train_loader] if prepare_train_loader else [])
+    model, optimizer, *prepared = accelerator.prepare(*to_prepare)
+    if prepare_train_loader:
+        train_loader = prepared.pop()
+    prepared_evals = dict(zip(eval_loaders, prepared))
+    per_epoch = batches_per_epoch(train_loader)
+    total_steps = total_train_steps(config, per_epoch)
+    scheduler = build_scheduler(optimizer, config, total_steps)
+    accelerator.register_for_checkpointing(scheduler)
+
+    state = TrainState()
+    if resume_path:
+        checkpoint.load_checkpoint(accelerator, resume_path, state)
+        accelerator.print(f"resumed from {resume_path} at step {state.step}")
+    else:
+        checkpoint.remove_stale_checkpoints(accelerator, config.output_dir)
+    init_trackers(accelerator, config, project_name)
+
+    def export(model, name: str) -> None:
+        checkpoint.export_model(accelerator, model, tokenizer, os.path.join(config.output_dir, name))
+
+    state = train(accelerator, config, model, optimizer, scheduler, train_loader, state, total_steps=total_steps,
+                  evaluate=make_evaluate(prepared_evals), objective=objective, export=export)
+    export(model, "final")
+    results = finish(accelerator, config, state, objective, per_epoch)
+    accelerator.end_training()
+    return results

@@ -53,3 +53,14 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model only {embeddings} embeddings; "
                          "use the tokenizer the model was trained with")
     return model
+
+
+def load_tokenizer_and_model(config):
+    """The tokenizer and model a `ModelConfig` names, with dropout and gradient checkpointing applied."""
+    tokenizer = load_tokenizer(config.tokenizer_name or config.model_name_or_path, config.trust_remote_code)
+    overrides = {"dropout_rate": config.dropout_rate} if config.dropout_rate is not None else {}
+    model = load_model(config.model_name_or_path, config.config_name, tokenizer,
+                       trust_remote_code=config.trust_remote_code, overrides=overrides)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return tokenizer, model

@@ -1,0 +1,225 @@
+"""Batch collators for T5 pretraining: span corruption (T5's main objective) and prefix LM.
+
+Definitions follow Google's T5 `t5/data/preprocessors.py`:
+  * `compute_input_and_target_lengths` is `random_spans_helper` with one sentinel per span in
+    inputs and targets (what `span_corruption` passes);
+  * `random_spans_noise_mask` is `random_spans_noise_mask` with `_random_segmentation`
+    (without `random_roll`), batched;
+  * `DataCollatorForT5MLM` applies `noise_span_to_unique_sentinel` to build inputs and
+    `nonnoise_span_to_unique_sentinel` to build targets, then appends EOS;
+  * `DataCollatorForPrefixLM` is `prefix_lm` (`random_prefix_noise_mask`, inputs = prefix,
+    targets = the rest).
+Everything is vectorised over the batch with numpy; only numpy, torch and the standard library
+are used, and the tokenizer is passed in.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+
+def _span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
+    """(num_noise, num_nonnoise, num_spans) for a chunk of `length` tokens, as T5 computes them."""
+    # Python's round (half to even) on float64, as T5's random_spans_helper; both counts stay
+    # positive so neither side of the interleaving is empty.
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_nonnoise = length - num_noise
+    # Spans count from the scarcer side: equal to T5's round(num_noise / mean) up to density 0.5,
+    # and above it never more spans than there are non-noise tokens to separate them.
+    num_spans = max(1, int(round(min(num_noise, num_nonnoise) / mean_noise_span_length)))
+    return num_noise, num_nonnoise, num_spans
+
+
+def _corrupted_lengths(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    num_noise, num_nonnoise, num_spans = _span_counts(length, noise_density, mean_noise_span_length)
+    return num_nonnoise + num_spans + 1, num_noise + num_spans + 1  # +1: EOS
+
+
+def compute_input_and_target_lengths(inputs_length: int, noise_density: float,
+                                     mean_noise_span_length: float) -> tuple[int, int]:
+    """T5's random_spans_helper: (raw chunk length, target length incl. EOS) for `inputs_length`."""
+    # Corrupted input length grows by 0 or 1 per extra raw token, so the largest raw length whose
+    # input still fits gives an input of exactly `inputs_length`: no padding, no wasted compute.
+    tokens_length = inputs_length - 1
+    while _corrupted_lengths(tokens_length + 1, noise_density, mean_noise_span_length)[0] <= inputs_length:
+        tokens_length += 1
+    input_len, targets_length = _corrupted_lengths(tokens_length, noise_density, mean_noise_span_length)
+    # T5's hack: at density 0.5 make the targets no longer than the (round-number) inputs. The
+    # shortened chunk can then corrupt to one token less than inputs_length; the collator pads.
+    if noise_density == 0.5 and targets_length > input_len:
+        tokens_length -= 1
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+def _random_segmentation(rng: np.random.Generator, batch_size: int, num_items: int,
+                         num_segments: int) -> np.ndarray:
+    """(batch_size, num_segments) positive lengths summing to num_items, uniform over compositions."""
+    # Shuffling a row of (num_segments - 1) ones among the num_items - 1 gaps picks the cut points
+    # uniformly, like T5's stateless_shuffle; Generator.permuted shuffles each row independently.
+    is_cut = np.zeros((batch_size, num_items - 1), dtype=bool)
+    is_cut[:, :num_segments - 1] = True
+    is_cut = rng.permuted(is_cut, axis=1)
+    cuts = np.nonzero(is_cut)[1].reshape(batch_size, num_segments - 1) + 1  # row-major: sorted per row
+    bounds = np.concatenate([np.zeros((batch_size, 1), np.int64), cuts,
+                             np.full((batch_size, 1), num_items, np.int64)], axis=1)
+    return np.diff(bounds, axis=1)
+
+
+def random_spans_noise_mask(batch_size: int, length: int, noise_density: float,
+                            mean_noise_span_length: float, rng: np.random.Generator) -> np.ndarray:
+    """Bool (batch_size, length) T5 noise masks: exact noise/span counts, all masks equally likely."""
+    num_noise, num_nonnoise, num_spans = _span_counts(length, noise_density, mean_noise_span_length)
+    noise_lengths = _random_segmentation(rng, batch_size, num_noise, num_spans)
+    nonnoise_lengths = _random_segmentation(rng, batch_size, num_nonnoise, num_spans)
+    # Non-noise first, so every mask starts with kept text and (as in T5) ends with a noise span.
+    interleaved = np.stack([nonnoise_lengths, noise_lengths], axis=2).reshape(batch_size, 2 * num_spans)
+    span_starts = np.cumsum(interleaved, axis=1)[:, :-1]  # strictly increasing, inside (0, length)
+    starts = np.zeros((batch_size, length), dtype=np.int64)
+    np.put_along_axis(starts, span_starts, 1, axis=1)
+    return np.cumsum(starts, axis=1) % 2 == 1
+
+
+class _BatchRandomness:
+    """The generator a batch's randomness is drawn from.
+
+    With "idx" on every example, the generator is a pure function of (seed, the batch's idx
+    values): a resumed run re-creates exactly the masks an uninterrupted run saw, whichever
+    data-loader worker or process builds the batch, and two workers or processes never repeat
+    each other's masks because they never receive the same rows.
+
+    Without "idx", a stream per (process rank, worker) is the best we can do. It is created on
+    first use inside the worker, never in __init__: the collator is built before DataLoader
+    forks its workers, and a generator made then would be copied into every worker, which would
+    all emit identical masks. Keying it on the pid also recreates it if the main process used
+    the collator before forking.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._fallback: tuple[tuple[int, int], np.random.Generator] | None = None
+
+    def __call__(self, examples: list[dict]) -> np.random.Generator:
+        with_idx = sum("idx" in ex for ex in examples)
+        if with_idx == len(examples):
+            return np.random.default_rng(np.random.SeedSequence([self.seed, *(int(ex["idx"]) for ex in examples)]))
+        if with_idx:
+            raise ValueError(f'{with_idx} of {len(examples)} examples carry "idx"; give it to all or none')
+        info = torch.utils.data.get_worker_info()
+        worker_id = -1 if info is None else info.id
+        key = (os.getpid(), worker_id)
+        if self._fallback is None or self._fallback[0] != key:
+            rank = int(os.environ.get("RANK", 0))
+            # SeedSequence takes non-negative entropy only, so the main process (-1) maps to 0.
+            self._fallback = (key, np.random.default_rng(np.random.SeedSequence([self.seed, rank, worker_id + 1])))
+        return self._fallback[1]
+
+
+def _stack_chunks(examples: list[dict], length: int) -> np.ndarray:
+    if not examples:
+        raise ValueError("cannot collate an empty batch")
+    rows = [np.asarray(ex["input_ids"], dtype=np.int64) for ex in examples]
+    for i, row in enumerate(rows):
+        if row.shape != (length,):
+            raise ValueError(f"example {i} has input_ids of shape {row.shape}; expected exactly {length} "
+                             "token ids (a packed chunk of raw_length tokens, without EOS or padding)")
+    return np.stack(rows)
+
+
+def _shift_right(labels: np.ndarray, start_id: int) -> np.ndarray:
+    shifted = np.concatenate([np.full((len(labels), 1), start_id, np.int64), labels[:, :-1]], axis=1)
+    return np.where(shifted == -100, start_id, shifted)
+
+
+class DataCollatorForT5MLM:
+    """Turns packed chunks of `raw_length` tokens into T5 span-corruption batches."""
+
+    def __init__(self, tokenizer, *, input_length: int, noise_density: float = 0.15,
+                 mean_noise_span_length: float = 3.0, seed: int = 0, num_sentinels: int | None = None):
+        self.input_length = input_length
+        self.noise_density = noise_density
+        self.mean_noise_span_length = mean_noise_span_length
+        self.raw_length, self.target_length = compute_input_and_target_lengths(
+            input_length, noise_density, mean_noise_span_length)
+        self.eos_token_id = tokenizer.eos_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+        self.decoder_start_token_id = tokenizer.pad_token_id  # T5 starts decoding from <pad>
+        # Sentinels by name: their ids depend on how the vocabulary was built (T5 puts them at
+        # the top in decreasing order, but an enlarged or custom vocabulary need not).
+        vocab = tokenizer.get_vocab()
+        sentinels = []
+        while f"<extra_id_{len(sentinels)}>" in vocab and (num_sentinels is None or len(sentinels) < num_sentinels):
+            sentinels.append(vocab[f"<extra_id_{len(sentinels)}>"])
+        if not sentinels:
+            raise ValueError("tokenizer has no sentinel token <extra_id_0>; span corruption needs "
+                             "<extra_id_0>, <extra_id_1>, ... in its vocabulary")
+        if num_sentinels is not None and len(sentinels) < num_sentinels:
+            raise ValueError(f"num_sentinels={num_sentinels} but the tokenizer only has <extra_id_0>.."
+                             f"<extra_id_{len(sentinels) - 1}>")
+        self.num_spans = _span_counts(self.raw_length, noise_density, mean_noise_span_length)[2]
+        if len(sentinels) < self.num_spans:
+            raise ValueError(f"chunks of {self.raw_length} tokens get {self.num_spans} noise spans, but only "
+                             f"{len(sentinels)} sentinels (<extra_id_0>..<extra_id_{len(sentinels) - 1}>) "
+                             "are available")
+        self.sentinel_ids = np.asarray(sentinels, dtype=np.int64)
+        # Equal to (input_length, target_length) except after T5's density-0.5 hack: then pad.
+        self._lengths = _corrupted_lengths(self.raw_length, noise_density, mean_noise_span_length)
+        self._rng = _BatchRandomness(seed)
+
+    def _replace_runs(self, tokens: np.ndarray, runs: np.ndarray, out_length: int, fill: int) -> np.ndarray:
+        """Each run of True in `runs` -> its sentinel (i-th run, i-th sentinel); EOS; pad with `fill`."""
+        prev = np.pad(runs[:, :-1], ((0, 0), (1, 0)))
+        first = runs & ~prev
+        sentinel = self.sentinel_ids[np.maximum(np.cumsum(first, axis=1) - 1, 0)]
+        kept = np.where(first, sentinel, tokens)[~(runs & prev)].reshape(len(tokens), -1)
+        out = np.full((len(tokens), out_length), fill, np.int64)
+        out[:, :kept.shape[1]] = kept
+        out[:, kept.shape[1]] = self.eos_token_id
+        return out
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        tokens = _stack_chunks(examples, self.raw_length)
+        mask = random_spans_noise_mask(len(tokens), self.raw_length, self.noise_density,
+                                       self.mean_noise_span_length, self._rng(examples))
+        input_ids = self._replace_runs(tokens, mask, self.input_length, self.pad_token_id)
+        # Non-noise runs become the sentinels in the targets; since masks start with non-noise,
+        # the i-th such sentinel precedes the i-th noise span, matching the inputs.
+        labels = self._replace_runs(tokens, ~mask, self.target_length, -100)
+        attention_mask = (np.arange(self.input_length) < self._lengths[0]).astype(np.int64)
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(np.broadcast_to(attention_mask, input_ids.shape).copy()),
+            "labels": torch.from_numpy(labels),
+            "decoder_input_ids": torch.from_numpy(_shift_right(labels, self.decoder_start_token_id)),
+        }
+
+
+class DataCollatorForPrefixLM:
+    """T5's prefix_lm: split each packed chunk at a uniform point; inputs = prefix, labels = rest."""
+
+    def __init__(self, tokenizer, *, raw_length: int, seed: int = 0):
+        if raw_length < 2:
+            raise ValueError(f"raw_length must be at least 2 to split a chunk, got {raw_length}")
+        self.raw_length = raw_length
+        self.eos_token_id = tokenizer.eos_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+        self.decoder_start_token_id = tokenizer.pad_token_id
+        self._rng = _BatchRandomness(seed)
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        tokens = _stack_chunks(examples, self.raw_length)
+        n = self.raw_length
+        # Prefix length uniform in [1, n - 1], as random_prefix_noise_mask: neither side is empty.
+        split = self._rng(examples).integers(1, n, size=(len(tokens), 1))
+        pos = np.arange(n)[None, :]
+        input_ids = np.where(pos < split, tokens, np.where(pos == split, self.eos_token_id, self.pad_token_id))
+        rest = np.take_along_axis(tokens, np.minimum(pos + split, n - 1), axis=1)
+        labels = np.where(pos < n - split, rest, np.where(pos == n - split, self.eos_token_id, -100))
+        return {
+            "input_ids": torch.from_numpy(input_ids.astype(np.int64)),
+            "attention_mask": torch.from_numpy((pos <= split).astype(np.int64)),
+            "labels": torch.from_numpy(labels.astype(np.int64)),
+            "decoder_input_ids": torch.from_numpy(_shift_right(labels.astype(np.int64), self.decoder_start_token_id)),
+        }

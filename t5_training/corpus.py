@@ -1,0 +1,216 @@
+"""Pretraining text: reading a corpus, tokenizing it in fast batches, and packing it into chunks.
+
+Packing joins documents with EOS and cuts the token stream into chunks of exactly the raw
+length the span-corruption collator expects (568 tokens for 512-token inputs), so no batch
+holds padding. Two forms:
+
+* in memory (`pack_dataset`): the whole corpus is tokenized with `datasets.map` and cut with
+  one reshape; only the final partial chunk (fewer than `chunk_length` tokens) is dropped.
+* streaming (`PackedStream`): an iterable dataset for corpora larger than RAM. Documents are
+  read lazily, split between processes and data-loader workers, tokenized in batches, packed
+  with the remainder carried over, and shuffled in a bounded buffer. It cycles over its shard
+  forever (pass p reshuffles with seed + p), so every process always has a next batch.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Iterable, Iterator, Sequence
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from t5_training.errors import UsageError
+
+TEXT_SUFFIXES = (".txt", ".text", ".raw")
+JSON_SUFFIXES = (".json", ".jsonl")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+def expand_files(patterns: Sequence[str], flag: str = "--train_file") -> list[str]:
+    """Globs expanded and sorted (so every process sees the same order); unmatched ones are an error."""
+    files = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        matched = [path for path in matched if os.path.isfile(path)]
+        if not matched:
+            raise UsageError(f"{flag} {pattern!r} matches no file; check the path or quote the glob")
+        files.extend(matched)
+    for path in files:
+        if not path.endswith(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
+            raise UsageError(f"{path}: unsupported corpus file; use .txt, .jsonl/.json or .parquet")
+    return files
+
+
+def iter_documents(path: str, text_column: str) -> Iterator[str]:
+    """Documents of one file, read lazily: a line of text, a JSON line's field, or a parquet row."""
+    if path.endswith(PARQUET_SUFFIXES):
+        parquet = pq.ParquetFile(path)
+        if text_column not in parquet.schema_arrow.names:
+            raise UsageError(f"{path} has no column {text_column!r}; columns found: "
+                             f"{', '.join(parquet.schema_arrow.names)}. Set --text_column")
+        for batch in parquet.iter_batches(columns=[text_column], batch_size=1024):
+            yield from (text for text in batch.column(0).to_pylist() if text and text.strip())
+        return
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if path.endswith(JSON_SUFFIXES):
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                if text_column not in record:
+                    raise UsageError(f"{path} line {number} has no field {text_column!r}; set --text_column")
+                line = record[text_column]
+            if line.strip():
+                yield line.strip()
+
+
+def load_documents(files: Sequence[str] | None, dataset_name: str | None, dataset_config_name: str | None,
+                   split: str, text_column: str, streaming: bool):
+    """A datasets.Dataset (or IterableDataset when streaming) with one `text` column."""
+    if files:
+        generator = lambda files: ({"text": d} for f in files for d in iter_documents(f, text_column))  # noqa: E731
+        if streaming:
+            return datasets.IterableDataset.from_generator(generator, gen_kwargs={"files": list(files)})
+        return datasets.Dataset.from_generator(generator, gen_kwargs={"files": list(files)})
+    try:
+        ds = datasets.load_dataset(dataset_name, dataset_config_name, split=split, streaming=streaming)
+    except (ConnectionError, OSError, ValueError) as err:
+        raise UsageError(f"could not load {dataset_name} ({split}): {str(err).splitlines()[0]}; "
+                         "offline, pass --train_file with local text") from None
+    if text_column not in ds.column_names:
+        raise UsageError(f"{dataset_name} has no column {text_column!r}; columns found: "
+                         f"{', '.join(ds.column_names)}. Set --text_column")
+    return ds.select_columns([text_column]).rename_column(text_column, "text") if text_column != "text" else \
+        ds.select_columns(["text"])
+
+
+def tokenize_documents(texts: list[str], tokenizer) -> list[list[int]]:
+    """Token ids of each document followed by EOS, the separator T5 packs documents with."""
+    return tokenizer(texts, add_special_tokens=True)["input_ids"]
+
+
+def pack_dataset(documents: datasets.Dataset, tokenizer, chunk_length: int, num_proc: int | None = None
+                 ) -> datasets.Dataset:
+    """Packs an in-memory corpus into rows of exactly `chunk_length` ids, plus an `idx` per row."""
+    tokenized = documents.map(lambda b: {"input_ids": tokenize_documents(b["text"], tokenizer)}, batched=True,
+                              remove_columns=documents.column_names, num_proc=num_proc, desc="tokenizing")
+    column = tokenized.data.column("input_ids")
+    # One flatten over the Arrow column: no Python loop over documents or tokens.
+    stream = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    num_chunks = len(stream) // chunk_length
+    if num_chunks == 0:
+        raise UsageError(f"the corpus has {len(stream)} tokens, fewer than one chunk of {chunk_length}; "
+                         "add text or lower --max_seq_length")
+    chunks = stream[: num_chunks * chunk_length].reshape(num_chunks, chunk_length)
+    return datasets.Dataset.from_dict({"input_ids": chunks, "idx": np.arange(num_chunks)})
+
+
+class PackedStream(torch.utils.data.IterableDataset):
+    """Packed chunks from a lazily read corpus, split across processes and data-loader workers.
+
+    Each of the `world_size * num_workers` readers takes every N-th document (or whole files,
+    when there are at least as many files as readers), so together they read the corpus once
+    per pass. `idx` numbers a chunk uniquely across readers and passes; the collator derives
+    its masks from it. With `cycle`, the stream never ends: pass p shuffles with seed + p.
+    """
+
+    def __init__(self, sources: Sequence[str] | datasets.IterableDataset, tokenizer, chunk_length: int, *,
+                 text_column: str = "text", shuffle_buffer: int = 0, seed: int = 0, cycle: bool = True,
+                 rank: int = 0, world_size: int = 1, tokenize_batch: int = 256):
+        self.sources, self.tokenizer, self.chunk_length = sources, tokenizer, chunk_length
+        self.text_column, self.shuffle_buffer, self.seed, self.cycle = text_column, shuffle_buffer, seed, cycle
+        self.rank, self.world_size, self.tokenize_batch = rank, world_size, tokenize_batch
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _reader(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        return self.rank * workers + worker, self.world_size * workers
+
+    def _documents(self, reader: int, readers: int) -> Iterator[str]:
+        if isinstance(self.sources, datasets.IterableDataset):
+            stream = self.sources
+            if stream.n_shards >= readers:
+                stream = stream.shard(num_shards=readers, index=reader)
+                reader, readers = 0, 1
+            for i, row in enumerate(stream):
+                if i % readers == reader:
+                    yield row["text"]
+            return
+        files = list(self.sources)
+        if len(files) >= readers:
+            files, reader, readers = files[reader::readers], 0, 1
+        i = 0
+        for path in files:
+            for text in iter_documents(path, self.text_column):
+                if i % readers == reader:
+                    yield text
+                i += 1
+
+    def _chunks(self, reader: int, readers: int) -> Iterator[np.ndarray]:
+        carry = np.zeros(0, dtype=np.int32)
+        batch: list[str] = []
+
+        def flush():
+            nonlocal carry
+            ids = tokenize_documents(batch, self.tokenizer)
+            batch.clear()
+            carry = np.concatenate([carry, *(np.asarray(doc, dtype=np.int32) for doc in ids)])
+            whole = len(carry) // self.chunk_length * self.chunk_length
+            chunks, carry = carry[:whole].reshape(-1, self.chunk_length), carry[whole:]
+            return chunks
+
+        for text in self._documents(reader, readers):
+            batch.append(text)
+            if len(batch) == self.tokenize_batch:
+                yield from flush()
+        if batch:
+            yield from flush()
+
+    def _one_pass(self, reader: int, readers: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        if self.shuffle_buffer <= 1:
+            yield from self._chunks(reader, readers)
+            return
+        buffer: list[np.ndarray] = []
+        for chunk in self._chunks(reader, readers):
+            if len(buffer) < self.shuffle_buffer:
+                buffer.append(chunk)
+                continue
+            # Emit a random buffered chunk and keep the new one in its place.
+            slot = int(rng.integers(len(buffer)))
+            buffer[slot], chunk = chunk, buffer[slot]
+            yield chunk
+        rng.shuffle(buffer)
+        yield from buffer
+
+    def __iter__(self) -> Iterator[dict]:
+        reader, readers = self._reader()
+        passes = 0
+        count = 0
+        while True:
+            rng = np.random.default_rng([self.seed, self.epoch, passes, reader])
+            produced = False
+            for chunk in self._one_pass(reader, readers, rng):
+                produced = True
+                yield {"input_ids": chunk, "idx": (count * readers + reader) * 65536 + self.epoch % 65536}
+                count += 1
+            passes += 1
+            if not self.cycle or not produced:
+                return
+
+
+def take_chunks(stream: Iterable[dict], limit: int) -> datasets.Dataset:
+    """The first `limit` chunks of a stream as an in-memory dataset (a fixed validation set)."""
+    rows = [row for _, row in zip(range(limit), stream)]
+    if not rows:
+        raise UsageError("the validation corpus holds less than one chunk; add text or lower --max_seq_length")
+    return datasets.Dataset.from_dict({"input_ids": np.stack([r["input_ids"] for r in rows]),
+                                       "idx": np.arange(len(rows))})
