@@ -308,7 +308,8 @@ def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, 
         reporting.write_json(os.path.join(config.output_dir, "train_results.json"), train_results)
         reporting.write_json(os.path.join(config.output_dir, "eval_results.json"), eval_results)
         if state.losses:
-            reporting.save_loss_curves(os.path.join(config.output_dir, "loss_curve.png"), {"train": state.losses})
+            reporting.save_loss_curves(os.path.join(config.output_dir, "loss_curve.png"),
+                                       {"training loss": {"train": state.losses}})
         rows = [{"metric": k, "value": v} for k, v in last_eval.items()]
         rows += [{"metric": k, "value": v} for k, v in train_results.items()]
         accelerator.print(reporting.format_table(rows))

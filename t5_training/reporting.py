@@ -30,23 +30,25 @@ def _cell(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def save_loss_curves(path: str, curves: Mapping[str, Sequence[float]], title: str = "training loss") -> None:
-    """One PNG with a line per named loss curve (per optimizer step), smoothed for readability."""
+def save_loss_curves(path: str, panels: Mapping[str, Mapping[str, Sequence[float]]]) -> None:
+    """One PNG with a panel per title and, in each, a line per named loss curve (per optimizer
+    step), smoothed over a window of 1/50 of the run for readability."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on clusters and CI
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, losses in curves.items():
-        window = max(1, len(losses) // 50)
-        smooth = [sum(losses[max(0, i - window + 1): i + 1]) / len(losses[max(0, i - window + 1): i + 1])
-                  for i in range(len(losses))]
-        ax.plot(range(1, len(losses) + 1), smooth, label=name)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy per target token")
-    ax.set_title(title)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4), squeeze=False)
+    for ax, (title, curves) in zip(axes[0], panels.items()):
+        for name, losses in curves.items():
+            window = max(1, len(losses) // 50)
+            smooth = [sum(losses[max(0, i - window + 1): i + 1]) / len(losses[max(0, i - window + 1): i + 1])
+                      for i in range(len(losses))]
+            ax.plot(range(1, len(losses) + 1), smooth, label=name)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("cross-entropy per target token")
+        ax.set_title(title)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""README's first command, shortened: the demo trains a tokenizer, fine-tunes, and reports."""
+"""README's first command, shortened: tokenizer, pretraining, two fine-tunings, one table and PNG."""
 import os
 import tempfile
 
@@ -8,16 +8,21 @@ import demo
 
 
 class DemoTest(absltest.TestCase):
-    def test_short_demo_writes_table_inputs_and_loss_curve(self):
+    def test_short_demo_writes_table_inputs_and_loss_curves(self):
         with tempfile.TemporaryDirectory() as out:
-            result = demo.main(["--output_dir", out, "--max_steps", "6", "--vocab_size", "1000"])
+            result = demo.main(["--output_dir", out, "--pretrain_steps", "4", "--fine_tune_steps", "4",
+                                "--vocab_size", "1000"])
             # 448 validation articles; sports (103) is the most frequent topic.
             self.assertAlmostEqual(result["majority"], 100 * 103 / 448)
-            self.assertEqual(result["train"]["train_steps"], 6)
-            self.assertBetween(result["eval"]["accuracy"], 0.0, 100.0)
-            self.assertTrue(os.path.isfile(os.path.join(out, "tokenizer", "tokenizer.json")))
-            self.assertTrue(os.path.isfile(os.path.join(out, "fine_tune", "loss_curve.png")))
-            self.assertTrue(os.path.isfile(os.path.join(out, "fine_tune", "final", "model.safetensors")))
+            self.assertEqual(result["pretrain"]["train"]["train_steps"], 4)
+            self.assertEqual(result["fine_tuned"]["train"]["train_steps"], 4)
+            self.assertEqual(result["scratch"]["train"]["train_steps"], 4)
+            # The two fine-tunings start from different weights, so they do not train alike.
+            self.assertNotEqual(result["fine_tuned"]["train"]["train_loss"], result["scratch"]["train"]["train_loss"])
+            self.assertTrue(os.path.isfile(os.path.join(out, "loss_curves.png")))
+            self.assertTrue(os.path.isfile(os.path.join(out, "pretrain", "final", "model.safetensors")))
+            with open(os.path.join(out, "corpus", "validation.txt"), encoding="utf-8") as f:
+                self.assertLen(f.readlines(), 448)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""Pretrain a T5 model with span corruption (or prefix LM) on a text corpus.
+
+    accelerate launch pre_train_t5.py --config_name configs/t5-small.json --tokenizer_name runs/tok \
+        --train_file 'corpus/*.txt' --output_dir runs/pt --max_steps 100000
+    accelerate launch pre_train_t5.py --dataset_name allenai/c4 --dataset_config_name en --streaming ...
+    accelerate launch fine_tune_t5.py --model_name_or_path runs/pt/final --dataset_name sst2 ...
+
+Defaults follow T5: Adafactor at 1e-2, inverse-sqrt decay after 10k steps, no dropout (T5 1.1),
+512-token inputs with 15% noise in spans of mean length 3. Writes the same files as
+fine_tune_t5.py; `final/` is a `save_pretrained` model that fine_tune_t5.py loads directly.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from accelerate.utils import set_seed
+
+from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
+from t5_training import checkpoint, corpus, evaluation, loop
+from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
+from t5_training.data import EpochShuffleSampler
+from t5_training.errors import UsageError, run_cli
+from t5_training.modeling import load_tokenizer_and_model
+from t5_training.tokenizer import has_sentinels
+
+
+@dataclass(frozen=True)
+class PreTrainConfig(ModelConfig, TrainingConfig):
+    """Flags of pre_train_t5.py: the shared training and model flags, plus the corpus and objective."""
+
+    output_dir: str = "runs/pretrain"
+    learning_rate: float = 1e-2
+    optim: Literal[OPTIMIZERS] = "adafactor"
+    lr_scheduler_type: Literal[SCHEDULERS] = "inverse_sqrt"
+    warmup_steps: int = 10000
+    dropout_rate: float | None = field(default=0.0, metadata={"help": "T5 1.1 pretrains without dropout."})
+    train_file: list[str] | None = field(default=None, metadata={"help": "Text, JSONL or parquet files (globs)."})
+    validation_file: list[str] | None = field(default=None, metadata={"help": "Held-out files; else the "
+                                                                                "corpus's last chunks."})
+    dataset_name: str | None = field(default=None, metadata={"help": "A hub dataset instead of files."})
+    dataset_config_name: str | None = None
+    text_column: str = "text"
+    streaming: bool = field(default=False, metadata={"help": "Read the corpus lazily (larger than RAM)."})
+    shuffle_buffer_size: int = field(default=10000, metadata={"help": "Chunks held for shuffling a stream."})
+    objective: Literal["span_corruption", "prefix_lm"] = "span_corruption"
+    max_seq_length: int = field(default=512, metadata={"help": "Encoder input length after corruption."})
+    noise_density: float = 0.15
+    mean_noise_span_length: float = 3.0
+    max_eval_samples: int = field(default=200, metadata={"help": "Validation chunks."})
+    preprocessing_num_workers: int | None = None
+    project_name: str = field(default="t5-pretrain", metadata={"help": "Tracker (W&B) project."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.train_file and not self.dataset_name:
+            raise UsageError("no corpus: pass --train_file (text, jsonl or parquet files) or --dataset_name")
+        if self.streaming and self.max_steps <= 0:
+            raise UsageError("a streamed corpus has no length: set --max_steps")
+        if not 0 < self.noise_density < 1:
+            raise UsageError(f"--noise_density must be in (0, 1), got {self.noise_density}")
+        if self.mean_noise_span_length < 1 or self.max_seq_length < 8 or self.max_eval_samples < 1:
+            raise UsageError("--mean_noise_span_length must be >= 1, --max_seq_length >= 8, --max_eval_samples >= 1")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
+    config = parse_config(PreTrainConfig, argv)
+    resume_path = checkpoint.prepare_output_dir(config.output_dir, config.overwrite_output_dir,
+                                                config.resume_from_checkpoint)
+    accelerator = loop.build_accelerator(config)
+    set_seed(config.seed)
+    tokenizer, model = load_tokenizer_and_model(config)
+    collator = build_collator(config, tokenizer)
+
+    with accelerator.main_process_first():
+        train_data, eval_data = build_corpus(config, tokenizer, collator.raw_length, accelerator)
+    train_loader, eval_loader = build_loaders(config, train_data, eval_data, collator)
+
+    return loop.fit(accelerator, config, model, tokenizer, train_loader, {"validation": eval_loader},
+                    make_evaluate=lambda loaders: evaluation.make_teacher_forced_evaluator(
+                        accelerator, loaders["validation"]),
+                    objective=loop.Objective("loss", greater_is_better=False), resume_path=resume_path,
+                    project_name=config.project_name, prepare_train_loader=not config.streaming)
+
+
+def build_collator(config: PreTrainConfig, tokenizer):
+    """The objective's collator; it fixes the raw chunk length the corpus is packed to."""
+    if not has_sentinels(tokenizer):
+        raise UsageError(f"tokenizer {config.tokenizer_name or config.model_name_or_path!r} has no sentinel tokens "
+                         "<extra_id_0..99>; train one with `python -m t5_training.tokenizer`")
+    if config.objective == "prefix_lm":
+        return DataCollatorForPrefixLM(tokenizer, raw_length=config.max_seq_length - 1, seed=config.seed)
+    try:
+        return DataCollatorForT5MLM(tokenizer, input_length=config.max_seq_length, noise_density=config.noise_density,
+                                    mean_noise_span_length=config.mean_noise_span_length, seed=config.seed)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def build_corpus(config: PreTrainConfig, tokenizer, chunk_length: int, accelerator):
+    """(train data, validation chunks): packed in memory, or a stream when --streaming."""
+    files = corpus.expand_files(config.train_file) if config.train_file else None
+    held_out = corpus.expand_files(config.validation_file, "--validation_file") if config.validation_file else None
+    if config.streaming:
+        source = files or corpus.load_documents(None, config.dataset_name, config.dataset_config_name, "train",
+                                                config.text_column, streaming=True)
+        train = corpus.PackedStream(source, tokenizer, chunk_length, text_column=config.text_column,
+                                    shuffle_buffer=config.shuffle_buffer_size, seed=config.seed,
+                                    rank=accelerator.process_index, world_size=accelerator.num_processes)
+        if held_out is None and files:
+            raise UsageError("--streaming needs --validation_file: a stream cannot hold out its own end")
+        val_source = held_out or corpus.load_documents(None, config.dataset_name, config.dataset_config_name,
+                                                       "validation", config.text_column, streaming=True)
+        stream = corpus.PackedStream(val_source, tokenizer, chunk_length, text_column=config.text_column, cycle=False)
+        return train, corpus.take_chunks(stream, config.max_eval_samples)
+    documents = corpus.load_documents(files, config.dataset_name, config.dataset_config_name, "train",
+                                      config.text_column, streaming=False)
+    packed = corpus.pack_dataset(documents, tokenizer, chunk_length, config.preprocessing_num_workers)
+    if held_out:
+        val_docs = corpus.load_documents(held_out, None, None, "validation", config.text_column, streaming=False)
+        val = corpus.pack_dataset(val_docs, tokenizer, chunk_length)
+        return packed, val.select(range(min(config.max_eval_samples, len(val))))
+    # No held-out files: the corpus's last chunks (at most a tenth of it) become the validation set.
+    n_eval = min(config.max_eval_samples, max(1, len(packed) // 10))
+    if len(packed) < 2:
+        raise UsageError("the corpus packs into a single chunk: add text or pass --validation_file")
+    accelerator.print(f"corpus: {len(packed) - n_eval} training and {n_eval} validation chunks of {chunk_length} tokens")
+    return packed.select(range(len(packed) - n_eval)), packed.select(range(len(packed) - n_eval, len(packed)))
+
+
+def build_loaders(config: PreTrainConfig, train_data, eval_data, collator):
+    """A training loader (shuffled per epoch, or the stream's own order) and a fixed validation loader."""
+    if config.streaming:
+        order = {}
+    else:
+        # As in fine-tuning: an order that depends only on (seed, epoch), and a private generator.
+        order = {"sampler": EpochShuffleSampler(len(train_data), config.seed),
+                 "generator": torch.Generator().manual_seed(config.seed)}
+    train = torch.utils.data.DataLoader(train_data, batch_size=config.per_device_train_batch_size,
+                                        collate_fn=collator, num_workers=config.dataloader_num_workers, **order)
+    evaluation_loader = torch.utils.data.DataLoader(eval_data, batch_size=config.per_device_eval_batch_size,
+                                                    collate_fn=collator)
+    return train, evaluation_loader
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, sys.argv[1:]))
