@@ -39,7 +39,8 @@ def expand_files(patterns: Sequence[str], flag: str = "--train_file") -> list[st
         matched = [path for path in matched if os.path.isfile(path)]
         if not matched:
             raise UsageError(f"{flag} {pattern!r} matches no file; check the path or quote the glob")
-        files.extend(matched)
+        # A file matched by two patterns is still read once.
+        files.extend(path for path in matched if path not in files)
     for path in files:
         if not path.endswith(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
             raise UsageError(f"{path}: unsupported corpus file; use .txt, .jsonl/.json or .parquet")
@@ -61,10 +62,14 @@ def iter_documents(path: str, text_column: str) -> Iterator[str]:
             if path.endswith(JSON_SUFFIXES):
                 if not line.strip():
                     continue
-                record = json.loads(line)
-                if text_column not in record:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UsageError(f"{path} line {number} is not JSON ({err.msg}); give one JSON object "
+                                     "a line (JSON Lines)") from None
+                if not isinstance(record, dict) or text_column not in record:
                     raise UsageError(f"{path} line {number} has no field {text_column!r}; set --text_column")
-                line = record[text_column]
+                line = record[text_column] or ""
             if line.strip():
                 yield line.strip()
 
@@ -73,10 +78,24 @@ def load_documents(files: Sequence[str] | None, dataset_name: str | None, datase
                    split: str, text_column: str, streaming: bool):
     """A datasets.Dataset (or IterableDataset when streaming) with one `text` column."""
     if files:
-        generator = lambda files: ({"text": d} for f in files for d in iter_documents(f, text_column))  # noqa: E731
+        generator = lambda files, stamps: (  # noqa: E731
+            {"text": d} for f in files for d in iter_documents(f, text_column))
+        # datasets caches a generated dataset under a hash of gen_kwargs: each file's size and
+        # modification time go in too, so an edited corpus is read again rather than served stale.
+        stamps = [(os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
+        gen_kwargs = {"files": list(files), "stamps": stamps}
+        # datasets cannot build an empty dataset: say so plainly (this reads up to the first document).
+        if next(generator(**gen_kwargs), None) is None:
+            raise UsageError(f"{', '.join(files)}: no text (every line or row is blank)")
         if streaming:
-            return datasets.IterableDataset.from_generator(generator, gen_kwargs={"files": list(files)})
-        return datasets.Dataset.from_generator(generator, gen_kwargs={"files": list(files)})
+            return datasets.IterableDataset.from_generator(generator, gen_kwargs=gen_kwargs)
+        try:
+            return datasets.Dataset.from_generator(generator, gen_kwargs=gen_kwargs)
+        except datasets.exceptions.DatasetGenerationError as err:
+            # datasets wraps what the generator raises; a bad line is the user's to fix, not a traceback.
+            if isinstance(err.__cause__, UsageError):
+                raise err.__cause__ from None
+            raise
     try:
         ds = datasets.load_dataset(dataset_name, dataset_config_name, split=split, streaming=streaming)
     except (ConnectionError, OSError, ValueError) as err:
@@ -142,9 +161,14 @@ class PackedStream(torch.utils.data.IterableDataset):
             if stream.n_shards >= readers:
                 stream = stream.shard(num_shards=readers, index=reader)
                 reader, readers = 0, 1
-            for i, row in enumerate(stream):
-                if i % readers == reader:
-                    yield row["text"]
+            # Batches via `iter`: plain iteration inside a data-loader worker would split the shards
+            # between workers a second time (datasets does so itself), dropping documents.
+            i = 0
+            for batch in stream.iter(batch_size=1024):
+                for text in batch["text"]:
+                    if i % readers == reader:
+                        yield text
+                    i += 1
             return
         files = list(self.sources)
         if len(files) >= readers:

@@ -143,9 +143,14 @@ def _micro_batches(accelerator: Accelerator, loader, state: TrainState) -> Itera
         # epoch goes to its dataset and its batches still have to reach the device.
         (loader if hasattr(loader, "set_epoch") else loader.dataset).set_epoch(state.epoch)
         skip = state.batches_in_epoch
+        produced = skip
         for batch in accelerator.skip_first_batches(loader, skip) if skip else loader:
             state.batches_in_epoch += 1
+            produced += 1
             yield {name: value.to(accelerator.device) for name, value in batch.items()}
+        if not produced:
+            # Otherwise an empty epoch would repeat forever (or hang the other processes).
+            raise UsageError("the training data yields no batch on this process; add data or use fewer processes")
         state.epoch += 1
         state.batches_in_epoch = 0
 

@@ -135,6 +135,37 @@ class BuildSchedulerTest(parameterized.TestCase):
         self.assertSequenceAlmostEqual(lrs, [1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0], places=15)
 
 
+class AdamWScaleTest(parameterized.TestCase):
+    def test_first_step_is_lr_times_rms_in_the_gradient_sign(self):
+        # Step 1 of Adam moves every weight by lr * m/sqrt(v) = lr * sign(g) (bias-corrected,
+        # eps aside); AdamWScale multiplies that by the tensor's RMS before the step.
+        weights = torch.tensor([3.0, -4.0, 0.0, 5.0])  # RMS = sqrt((9 + 16 + 0 + 25) / 4) = sqrt(12.5)
+        param = torch.nn.Parameter(weights.clone())
+        param.grad = torch.tensor([0.5, -2.0, 1.0, -0.1])
+        optimizer = optim.AdamWScale([param], lr=0.1, eps=1e-12)
+        optimizer.step()
+        expected = weights - 0.1 * math.sqrt(12.5) * torch.sign(param.grad)
+        torch.testing.assert_close(param.data, expected)
+
+    def test_rms_is_floored_for_tensors_near_zero(self):
+        param = torch.nn.Parameter(torch.zeros(3))
+        param.grad = torch.tensor([1.0, -1.0, 2.0])
+        optim.AdamWScale([param], lr=0.5, eps=1e-12).step()
+        torch.testing.assert_close(param.data, torch.tensor([-5e-4, 5e-4, -5e-4]))
+
+    def test_decoupled_weight_decay_is_not_scaled(self):
+        param = torch.nn.Parameter(torch.full((4,), 2.0))
+        param.grad = torch.zeros(4)
+        optim.AdamWScale([param], lr=0.1, weight_decay=0.5, eps=1e-12).step()
+        torch.testing.assert_close(param.data, torch.full((4,), 2.0 * (1 - 0.1 * 0.5)))
+
+    def test_selected_by_optim_flag(self):
+        model = torch.nn.Linear(4, 4)
+        optimizer = optim.build_optimizer(model, TrainingConfig(optim="adamw_scale", learning_rate=0.02))
+        self.assertIsInstance(optimizer, optim.AdamWScale)
+        self.assertEqual(optimizer.defaults["lr"], 0.02)
+
+
 class BuildOptimizerTest(parameterized.TestCase):
 
     def test_adamw_by_default_with_config_hyperparameters(self):

@@ -1,0 +1,206 @@
+"""Resident memory of a streamed corpus (PackedStream) against one packed in memory (pack_dataset).
+
+A streamed corpus is read lazily: documents are tokenized in batches and cut into chunks as they
+come, and only a bounded shuffle buffer is held, so resident memory should stay flat whatever the
+corpus size. `pack_dataset` tokenizes and flattens the whole corpus, so its memory grows with it.
+
+The script writes synthetic but realistic corpora to a temporary folder: lines of real text
+(tinyshakespeare by default), shuffled and grouped into documents of 5 to 40 lines, one document a
+line, repeated until each file reaches its size. Then, for each size and each way of reading, a
+fresh Python process (so one run's memory cannot leak into the next) loads the tokenizer, notes
+its resident set size (RSS), reads the corpus while a thread samples RSS every few milliseconds,
+and reports chunks read, tokens per second, peak RSS and growth over the baseline.
+
+Run from the repository root (a few minutes on 2 CPU cores):
+
+    python benchmarks/streaming_memory.py --sizes 20 80
+
+Larger corpora, streaming only beyond 80 MB:
+
+    python benchmarks/streaming_memory.py --sizes 20 80 200 --pack_max_mb 80
+
+It prints figures only; it checks nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SOURCE = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt"))
+MB = 1 << 20
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[20, 80], help="corpus sizes in MB")
+    parser.add_argument("--pack_max_mb", type=float, default=80,
+                        help="also measure pack_dataset (in memory) on corpora up to this size; 0: never")
+    parser.add_argument("--max_chunks", type=int, default=0,
+                        help="stop streaming after this many chunks; 0: read the whole file")
+    parser.add_argument("--chunk_length", type=int, default=568, help="568 raw tokens: 512-token T5 inputs")
+    parser.add_argument("--shuffle_buffer", type=int, default=1000)
+    parser.add_argument("--tokenize_batch", type=int, default=256)
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer folder or name; default: the project's test tokenizer (SST-2, 1000 pieces)")
+    parser.add_argument("--source", default=DEFAULT_SOURCE, help="real text whose lines are repeated")
+    parser.add_argument("--workdir", default=None, help="where corpora are written (default: a temp dir, removed)")
+    parser.add_argument("--interval", type=float, default=0.01, help="RSS sampling interval in seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # JSON job of a measuring process
+    return parser.parse_args(argv)
+
+
+# --- corpora ----------------------------------------------------------------------------------
+
+def write_corpus(path: str, size_mb: float, source: str, seed: int) -> int:
+    """Shuffled documents of 5-40 real lines, one per line, until the file holds size_mb MB."""
+    with open(source, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    rng = random.Random(seed)
+    target, written = int(size_mb * MB), 0
+    with open(path, "w", encoding="utf-8") as out:
+        while written < target:
+            rng.shuffle(lines)
+            start = 0
+            while start < len(lines) and written < target:
+                n = rng.randint(5, 40)
+                doc = " ".join(lines[start:start + n]) + "\n"
+                out.write(doc)
+                written += len(doc.encode("utf-8"))
+                start += n
+    return written
+
+
+# --- the measuring process ----------------------------------------------------------------------
+
+class RssSampler:
+    """Peak resident set size of this process, sampled on a thread."""
+
+    def __init__(self, interval: float):
+        import psutil
+
+        self.process, self.interval = psutil.Process(), interval
+        self.peak = self.process.memory_info().rss
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.samples += 1
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def measure(job: dict) -> dict:
+    """Runs in a fresh process: read the corpus one way and report memory and speed."""
+    sys.path.insert(0, REPO)
+    import datasets
+    import psutil
+    from transformers import AutoTokenizer
+
+    from t5_training import corpus
+
+    datasets.disable_progress_bars()
+    datasets.config.HF_DATASETS_CACHE = job["cache_dir"]  # the in-memory path's Arrow files stay in workdir
+    tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
+    tokenizer(["warm up the tokenizer once"])
+    baseline = psutil.Process().memory_info().rss
+    chunks = 0
+    with RssSampler(job["interval"]) as sampler:
+        start = time.perf_counter()
+        if job["mode"] == "stream":
+            stream = corpus.PackedStream([job["path"]], tokenizer, job["chunk_length"],
+                                         shuffle_buffer=job["shuffle_buffer"], seed=job["seed"], cycle=False,
+                                         tokenize_batch=job["tokenize_batch"])
+            for _ in stream:
+                chunks += 1
+                if chunks == job["max_chunks"]:
+                    break
+        else:
+            documents = corpus.load_documents([job["path"]], None, None, "train", "text", streaming=False)
+            packed = corpus.pack_dataset(documents, tokenizer, job["chunk_length"])
+            chunks = len(packed)
+        seconds = time.perf_counter() - start
+    return {"chunks": chunks, "seconds": seconds, "tokens_per_s": chunks * job["chunk_length"] / seconds,
+            "baseline_mb": baseline / MB, "peak_mb": sampler.peak / MB, "growth_mb": (sampler.peak - baseline) / MB,
+            "samples": sampler.samples}
+
+
+def run_child(job: dict) -> dict:
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"measuring process failed ({job['mode']}, {job['path']})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(json.loads(args.child))))
+        return
+    sys.path.insert(0, REPO)
+    trained = None
+    if args.tokenizer is None:
+        from tests import fixtures
+
+        args.tokenizer = trained = fixtures.sst2_tokenizer_dir()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="streaming-memory-")
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        print(f"tokenizer {args.tokenizer}; chunk_length {args.chunk_length}; shuffle_buffer {args.shuffle_buffer}; "
+              f"{os.cpu_count()} CPUs; corpora in {workdir}", flush=True)
+        header = (f"{'reader':<12} {'corpus MB':>9} {'chunks read':>11} {'seconds':>8} {'tokens/s':>10} "
+                  f"{'base RSS MB':>11} {'peak RSS MB':>11} {'RSS growth MB':>13}")
+        rows = []
+        for size in args.sizes:
+            path = os.path.join(workdir, f"corpus-{size:g}mb.txt")
+            written = write_corpus(path, size, args.source, args.seed)
+            modes = ["stream"] + (["pack_dataset"] if size <= args.pack_max_mb else [])
+            for mode in modes:
+                job = {"mode": mode, "path": path, "tokenizer": args.tokenizer, "chunk_length": args.chunk_length,
+                       "shuffle_buffer": args.shuffle_buffer, "tokenize_batch": args.tokenize_batch,
+                       "max_chunks": args.max_chunks if mode == "stream" else 0, "seed": args.seed,
+                       "interval": args.interval, "cache_dir": os.path.join(workdir, f"hf-cache-{size:g}")}
+                result = run_child(job)
+                rows.append(f"{mode:<12} {written / MB:>9.1f} {result['chunks']:>11,} {result['seconds']:>8.1f} "
+                            f"{result['tokens_per_s']:>10,.0f} {result['baseline_mb']:>11.1f} "
+                            f"{result['peak_mb']:>11.1f} {result['growth_mb']:>13.1f}")
+                print(f"  done: {rows[-1]}", flush=True)
+            os.remove(path)
+            shutil.rmtree(job["cache_dir"], ignore_errors=True)
+        print()
+        print(header)
+        print("\n".join(rows))
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if trained:
+            shutil.rmtree(trained, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
