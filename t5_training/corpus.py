@@ -116,6 +116,7 @@ def tokenize_documents(texts: list[str], tokenizer) -> list[list[int]]:
 def pack_dataset(documents: datasets.Dataset, tokenizer, chunk_length: int, num_proc: int | None = None
                  ) -> datasets.Dataset:
     """Packs an in-memory corpus into rows of exactly `chunk_length` ids, plus an `idx` per row."""
+    datasets.disable_progress_bars()  # the chunk count printed afterwards is the useful line
     tokenized = documents.map(lambda b: {"input_ids": tokenize_documents(b["text"], tokenizer)}, batched=True,
                               remove_columns=documents.column_names, num_proc=num_proc, desc="tokenizing")
     column = tokenized.data.column("input_ids")

@@ -34,6 +34,8 @@ def load_splits(
     trust_remote_code: bool = False,
 ) -> dict[str, datasets.Dataset]:
     """The train split and every eval split of `entry`, with canonical, checked columns."""
+    # One summary line per split says more than a progress bar per map on a cluster log.
+    datasets.disable_progress_bars()
     wanted = (entry.train_split, *entry.eval_splits)
     if train_file or validation_file:
         files = {entry.train_split: train_file, entry.eval_splits[0]: validation_file}
@@ -289,8 +291,6 @@ def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
     `config` supplies the data flags of fine_tune_t5.py (data_dir, train_file, validation_file,
     max_source_length, max_target_length, max_train_samples, max_eval_samples, trust_remote_code).
     """
-    # One summary line per split says more than a progress bar per map on a cluster log.
-    datasets.disable_progress_bars()
     raw = load_splits(entry, data_dir=config.data_dir, train_file=config.train_file,
                       validation_file=config.validation_file, trust_remote_code=config.trust_remote_code)
     limits = {entry.train_split: config.max_train_samples}
