@@ -19,7 +19,7 @@ from t5_training import data, tasks
 from t5_training import tokenizer as tokenizer_lib
 from t5_training.errors import UsageError
 
-DATA = "/work/shared/data"  # read in place, never copied into the project
+DATA = fixtures.SHARED_DATA  # read in place, never copied into the project
 VOCAB_SIZE = 600  # 500 sentencepiece pieces + 100 sentinels
 
 datasets.disable_progress_bars()
@@ -56,7 +56,7 @@ class PackageCorpusTest(absltest.TestCase):
 class RealFilesTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
-        # Counts from /work/shared/data/README.md.
+        # Counts from ../shared/data/README.md.
         ("sst2", "sst2", "SST-2", 67349, 872, [428, 444]),
         ("cola", "cola", "CoLA", 8551, 1043, [322, 721]),  # no header row
         ("mrpc", "mrpc", "MRPC", 3668, 408, [129, 279]),  # header starts with a BOM

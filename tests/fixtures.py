@@ -15,7 +15,8 @@ import datasets
 from absl.testing import parameterized
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+# ../shared/data beside the checkout; SHARED_DATA points elsewhere when the layout differs.
+SHARED_DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
 SST2_DIR = os.path.join(SHARED_DATA, "SST-2")
 TINY_CONFIG = os.path.join(REPO, "configs", "t5-tiny.json")
 

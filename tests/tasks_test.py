@@ -13,8 +13,9 @@ from absl.testing import absltest, parameterized
 
 from t5_training import data, tasks
 from t5_training.errors import UsageError
+from tests import fixtures
 
-DATA = "/work/shared/data"  # read in place, never copied into the project
+DATA = fixtures.SHARED_DATA  # read in place, never copied into the project
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,8 +12,9 @@ import sentencepiece as spm
 from transformers import AutoTokenizer, T5TokenizerFast
 
 from t5_training import tokenizer as tokenizer_lib
+from tests import fixtures
 
-SHAKESPEARE = "/work/shared/data/tinyshakespeare/input.txt"
+SHAKESPEARE = os.path.join(fixtures.SHARED_DATA, "tinyshakespeare", "input.txt")
 VOCAB_SIZE = 500  # 400 sentencepiece pieces + 100 sentinels
 REAL_LINES = [
     "First Citizen:",
