@@ -17,6 +17,7 @@ import shutil
 from transformers.utils import logging as hf_logging
 
 from t5_training.errors import UsageError
+from t5_training.reporting import write_json
 
 # T5 ties its input and output embeddings: save_state stores the shared tensor once and warns
 # each time that it "removed" the others, which reads like data loss on every checkpoint.
@@ -74,8 +75,8 @@ def save_checkpoint(accelerator, output_dir: str, state) -> str:
     accelerator.save_state(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        _write_json(os.path.join(tmp, STATE_FILE), state.state_dict())
-        _write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": sorted(os.listdir(tmp))})
+        write_json(os.path.join(tmp, STATE_FILE), state.state_dict())
+        write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": sorted(os.listdir(tmp))})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
@@ -117,12 +118,6 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
         os.replace(tmp, path)
     accelerator.wait_for_everyone()
 
-
-def _write_json(path: str, value) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def prepare_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: str | None) -> str | None:

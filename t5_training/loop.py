@@ -163,10 +163,22 @@ def batches_per_epoch(loader) -> int:
         return 0
 
 
-def _train_step(accelerator, model, optimizer, window: list[dict], max_grad_norm: float) -> torch.Tensor:
+def _window_counts(accelerator, window: list[dict]) -> torch.Tensor:
+    """[target tokens, samples, input + target tokens] of a window, summed over processes.
+
+    One all-reduce per step, and no host sync: the counts stay on the device until logging.
+    """
+    targets = sum((b["labels"] != -100).sum() for b in window)
+    inputs = sum(b["attention_mask"].sum() for b in window)
+    samples = torch.tensor(sum(len(b["input_ids"]) for b in window), device=accelerator.device)
+    local = torch.stack([targets, samples, inputs + targets]).double()
+    return accelerator.reduce(local, reduction="sum")
+
+
+def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch.Tensor,
+                max_grad_norm: float) -> torch.Tensor:
     """One optimizer step over a window of micro-batches. Returns the token-mean loss (a tensor)."""
-    counts = torch.stack([sum((b["labels"] != -100).sum() for b in window)]).float()
-    total_tokens = accelerator.reduce(counts, reduction="sum")[0]
+    total_tokens = counts[0].float()
     # accelerator.backward divides by the accumulation steps and DDP averages over processes;
     # undo both so the gradient is exactly that of the token mean over the whole window.
     scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / total_tokens
@@ -181,17 +193,6 @@ def _train_step(accelerator, model, optimizer, window: list[dict], max_grad_norm
             optimizer.zero_grad(set_to_none=True)
         loss_sum += batch_loss.detach()
     return accelerator.reduce(loss_sum, reduction="sum") / total_tokens
-
-
-def _window_sizes(accelerator, window: list[dict]) -> tuple[int, int]:
-    """(samples, non-padding input + target tokens) of a window, summed over processes."""
-    local = torch.tensor(
-        [sum(len(b["input_ids"]) for b in window),
-         sum(int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()) for b in window)],
-        device=accelerator.device,
-    )
-    samples, tokens = accelerator.reduce(local, reduction="sum").tolist()
-    return int(samples), int(tokens)
 
 
 def train(
@@ -217,18 +218,16 @@ def train(
     bar = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
                desc="training", dynamic_ncols=True)
     batches = _micro_batches(accelerator, loader, state)
-    pending: list[torch.Tensor] = []
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     per_epoch = batches_per_epoch(loader)
     stop = False
     while state.step < total_steps and not stop:
         started = time.perf_counter()
         window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
-        pending.append(_train_step(accelerator, model, optimizer, window, config.max_grad_norm))
+        counts = _window_counts(accelerator, window)
+        pending.append((_train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm), counts))
         scheduler.step()
-        samples, tokens = _window_sizes(accelerator, window)
         state.step += 1
-        state.samples_seen += samples
-        state.tokens_seen += tokens
         state.train_seconds += time.perf_counter() - started
         bar.update(1)
 
@@ -246,12 +245,15 @@ def train(
 
 
 def _flush_losses(accelerator, scheduler, state: TrainState, pending: list, bar, per_epoch: int) -> None:
-    """Moves step losses to the state and logs their mean: one host sync per logging step."""
+    """Moves step losses and counts to the state and logs the mean loss: one host sync per logging step."""
     if not pending:
         return
-    values = torch.stack(pending).tolist()
+    values = torch.stack([loss for loss, _ in pending]).tolist()
+    _, samples, tokens = torch.stack([counts for _, counts in pending]).sum(dim=0).tolist()
     pending.clear()
     state.losses.extend(values)
+    state.samples_seen += int(samples)
+    state.tokens_seen += int(tokens)
     lr = scheduler.get_last_lr()[0]
     logged = {"train/loss": sum(values) / len(values), "train/lr": lr}
     if per_epoch:

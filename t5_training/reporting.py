@@ -12,6 +12,8 @@ def write_json(path: str, values: Mapping) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=2, sort_keys=True)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename makes it visible
     os.replace(tmp, path)
 
 
