@@ -20,7 +20,7 @@ from accelerate.utils import set_seed
 from t5_training import checkpoint, data, evaluation, loop
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
-from t5_training.modeling import load_tokenizer_and_model
+from t5_training.modeling import check_lengths, load_tokenizer_and_model
 from t5_training.tasks import get_entry
 
 
@@ -54,11 +54,12 @@ def main(argv: list[str] | None = None) -> dict:
     """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(FineTuneConfig, argv)
     entry = get_entry(config.benchmark, config.dataset_name)
-    resume_path = checkpoint.prepare_output_dir(config.output_dir, config.overwrite_output_dir,
-                                                config.resume_from_checkpoint)
+    resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
+                                              config.resume_from_checkpoint)
     accelerator = loop.build_accelerator(config)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
+    check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
 
     with accelerator.main_process_first():
         task = data.build_task_data(entry, config, tokenizer, accelerator.print)

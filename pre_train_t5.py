@@ -23,7 +23,7 @@ from t5_training import checkpoint, corpus, evaluation, loop
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
 from t5_training.data import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
-from t5_training.modeling import load_tokenizer_and_model
+from t5_training.modeling import check_lengths, load_tokenizer_and_model
 from t5_training.tokenizer import has_sentinels
 
 
@@ -68,12 +68,13 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
 def main(argv: list[str] | None = None) -> dict:
     """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(PreTrainConfig, argv)
-    resume_path = checkpoint.prepare_output_dir(config.output_dir, config.overwrite_output_dir,
-                                                config.resume_from_checkpoint)
+    resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
+                                              config.resume_from_checkpoint)
     accelerator = loop.build_accelerator(config)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     collator = build_collator(config, tokenizer)
+    check_lengths(model, max_seq_length=config.max_seq_length)
 
     with accelerator.main_process_first():
         train_data, eval_data = build_corpus(config, tokenizer, collator.raw_length, accelerator)

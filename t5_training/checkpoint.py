@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 
+from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
 
 from t5_training.errors import UsageError
+from t5_training.interrupts import kill_point
 from t5_training.reporting import write_json
 
 # T5 ties its input and output embeddings: save_state stores the shared tensor once and warns
@@ -33,7 +36,13 @@ def checkpoint_dir(output_dir: str, step: int) -> str:
 
 
 def is_complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, MANIFEST))
+    """True if the manifest exists and every file it lists is there with the size it recorded."""
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+        return all(os.path.getsize(os.path.join(path, name)) == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def list_checkpoints(output_dir: str) -> list[str]:
@@ -60,13 +69,19 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str |
         raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint!r} does not exist; "
                          "pass a step-NNNNNN folder or 'auto'")
     if not is_complete(resume_from_checkpoint):
-        raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete (no {MANIFEST}); "
-                         "pass an earlier checkpoint or 'auto'")
+        raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete or damaged (its {MANIFEST} "
+                         "is missing or lists files that are missing or truncated); pass an earlier checkpoint or 'auto'")
     return resume_from_checkpoint
 
 
-def save_checkpoint(accelerator, output_dir: str, state) -> str:
-    """Saves everything needed to continue exactly, atomically. Returns the checkpoint folder."""
+def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
+    """Saves everything needed to continue exactly, atomically. Returns the checkpoint folder.
+
+    The scheduler goes into train_state.json as JSON rather than being registered with
+    accelerate, whose loader for registered objects unpickles with weights_only=False.
+    """
+    if scheduler is not None:
+        state.scheduler = scheduler.state_dict()
     final = checkpoint_dir(output_dir, state.step)
     tmp = os.path.join(output_dir, f".tmp-{os.path.basename(final)}")
     if accelerator.is_main_process:
@@ -74,20 +89,33 @@ def save_checkpoint(accelerator, output_dir: str, state) -> str:
     accelerator.wait_for_everyone()
     accelerator.save_state(tmp)
     accelerator.wait_for_everyone()
+    kill_point("save", state.step)
     if accelerator.is_main_process:
         write_json(os.path.join(tmp, STATE_FILE), state.state_dict())
-        write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": sorted(os.listdir(tmp))})
+        files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+        write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": files})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(accelerator, path: str, state) -> None:
-    """Restores model, optimizer, registered objects, RNG and `state` from a complete checkpoint."""
-    accelerator.load_state(path)
-    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
-        state.load_state_dict(json.load(f))
+def load_checkpoint(accelerator, path: str, state, scheduler=None) -> None:
+    """Restores model, optimizer, RNG, `state` and `scheduler` from a complete checkpoint.
+
+    Every tensor file is read with weights_only=True (accelerate's default), so a checkpoint
+    cannot run code. One that fails to load is reported as a UsageError naming it.
+    """
+    try:
+        accelerator.load_state(path)
+        with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
+            state.load_state_dict(json.load(f))
+        if scheduler is not None:
+            scheduler.load_state_dict(state.scheduler)
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {reason[:200]}); it is "
+                         "damaged: pass an earlier checkpoint, or 'auto' after deleting this one") from None
 
 
 def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None) -> None:
@@ -120,15 +148,15 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
 
 
 
-def prepare_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: str | None) -> str | None:
+def check_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: str | None) -> str | None:
     """Checks that the run may write to `output_dir`; returns the checkpoint to resume from, if any.
 
     A non-empty folder is only written to when resuming from it or with --overwrite_output_dir.
-    Runs first, on every process, so that a refused run has written nothing.
+    Runs first, on every process, and writes nothing: the folder is created once every input
+    has been checked (`start_output_dir`), so a refused run leaves no trace.
     """
     resume = resolve_resume(resume_from_checkpoint, output_dir)
     if resume or not os.path.isdir(output_dir) or not os.listdir(output_dir):
-        os.makedirs(output_dir, exist_ok=True)
         return resume
     if not overwrite:
         if resume_from_checkpoint == "auto":
@@ -139,12 +167,17 @@ def prepare_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint:
     return None
 
 
-def remove_stale_checkpoints(accelerator, output_dir: str) -> None:
-    """Deletes an earlier run's checkpoints before a fresh run (--overwrite_output_dir) trains.
+def start_output_dir(accelerator, output_dir: str, resuming: bool) -> None:
+    """Creates `output_dir` and, for a fresh run (--overwrite_output_dir), deletes an earlier run's checkpoints.
 
     Left in place they would be mistaken for this run's by 'auto' and by rotation. Called once
     the inputs have been checked, so a run refused for bad input deletes nothing.
     """
+    if accelerator.is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+    accelerator.wait_for_everyone()
+    if resuming:
+        return
     if accelerator.is_main_process:
         for name in os.listdir(output_dir):
             if _STEP_DIR.match(name) or name.startswith(".tmp-step-"):

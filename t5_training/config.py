@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Sequence, TypeVar
 
@@ -46,6 +47,9 @@ class TrainingConfig:
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping; 0 turns it off."})
+    max_nonfinite_steps: int = field(
+        default=3, metadata={"help": "Stop after N skipped non-finite steps in a row; 0 skips them without stopping."}
+    )
     seed: int = 42
     logging_steps: int = 10
     eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0 evaluates at the end only."})
@@ -75,7 +79,7 @@ class TrainingConfig:
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         for name in ("logging_steps", "eval_steps", "save_steps", "save_total_limit", "warmup_steps",
-                     "early_stopping_patience", "dataloader_num_workers"):
+                     "early_stopping_patience", "dataloader_num_workers", "max_nonfinite_steps"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
@@ -157,5 +161,30 @@ def _file_to_words(path: str) -> list[str]:
 
 
 def config_to_dict(config) -> dict:
-    """The config as plain values, for trackers and results files."""
+    """The config as plain values, for results files."""
     return dataclasses.asdict(config)
+
+
+_SECRET_NAME = re.compile(r"(api_?key|token|secret|password|passwd|credential)", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def config_for_trackers(config, environ=None) -> dict:
+    """The config as sent to W&B or tensorboard, with secrets taken out.
+
+    A flag whose name looks secret is redacted, and so is any value that contains the value of
+    a secret-looking environment variable (WANDB_API_KEY, HF_TOKEN, ...), wherever it was pasted.
+    """
+    environ = os.environ if environ is None else environ
+    secrets = [value for name, value in environ.items() if _SECRET_NAME.search(name) and len(value) >= 8]
+
+    def clean(name: str, value):
+        if isinstance(value, (list, tuple)):
+            return [clean(name, item) for item in value]
+        if _SECRET_NAME.search(name) and value not in (None, "", False):
+            return REDACTED
+        if isinstance(value, str) and any(secret in value for secret in secrets):
+            return REDACTED
+        return value
+
+    return {name: clean(name, value) for name, value in config_to_dict(config).items()}

@@ -97,7 +97,9 @@ def _scan_lines(path: str, encoding: str) -> tuple[int, UsageError | None]:
             try:
                 raw.decode(encoding)
             except UnicodeDecodeError as err:
-                return count, UsageError(f"{path} is not {encoding}: line {line} has byte 0x{raw[err.start]:02x} "
+                # "utf-8-sig" (UTF-8 that may start with a byte-order mark) is still just UTF-8 to a user.
+                name = "UTF-8" if encoding.replace("_", "-").lower().startswith("utf-8") else encoding
+                return count, UsageError(f"{path} is not {name}: line {line} has byte 0x{raw[err.start]:02x} "
                                          f"({err.reason}); re-encode it as UTF-8")
             count += bool(raw.strip())
     return count, None

@@ -1,8 +1,14 @@
-"""The one exception a user should ever see, and how an entry script turns it into an exit code.
+"""The exceptions a user may see, and how an entry script turns them into exit codes.
 
 Bad input (a misspelt flag, a missing column, an unknown task) must end with one line that names
-the problem and the fix, never a traceback from deep inside a library. Library code raises
-`UsageError`; `run_cli` prints its message once and exits with code 2, like argparse does.
+the problem and the fix, never a traceback from deep inside a library. Library code raises one
+of the `CliError`s below; `run_cli` prints its message once and exits with the error's code:
+
+    0   finished
+    2   bad input (UsageError), like argparse; nothing was written
+    3   training diverged (DivergedError): the loss stayed non-finite; no NaN weights were saved
+    75  preempted (Preempted): a checkpoint was saved; rerun with --resume_from_checkpoint auto.
+        75 is sysexits' EX_TEMPFAIL ("try again later"), which the Slurm scripts requeue on.
 """
 from __future__ import annotations
 
@@ -11,19 +17,44 @@ import sys
 from typing import Callable, Sequence
 
 EXIT_USAGE = 2
+EXIT_DIVERGED = 3
+EXIT_PREEMPTED = 75
 
 
-class UsageError(ValueError):
+class CliError(Exception):
+    """An error that ends a run with one line and `exit_code`."""
+
+    exit_code = 1
+    prefix = "error"
+
+
+class UsageError(CliError, ValueError):
     """A problem with what the user asked for. The message says what to do instead."""
+
+    exit_code = EXIT_USAGE
+
+
+class DivergedError(CliError, RuntimeError):
+    """The loss was non-finite for too many steps in a row. The message names the likely cause."""
+
+    exit_code = EXIT_DIVERGED
+    prefix = "diverged"
+
+
+class Preempted(CliError):
+    """A SIGTERM or SIGUSR1 arrived; the run saved a checkpoint and stops so it can be requeued."""
+
+    exit_code = EXIT_PREEMPTED
+    prefix = "preempted"
 
 
 def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> int:
-    """Runs `main(argv)`; a `UsageError` becomes one line on stderr and exit code 2."""
+    """Runs `main(argv)`; a `CliError` becomes one line on stderr and its exit code."""
     try:
         main(argv)
-    except UsageError as err:
+    except CliError as err:
         # Under `accelerate launch` every process hits the same error: print it once.
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+            print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
     return 0

@@ -12,6 +12,7 @@ processes with batch B equal one process with batch 2B.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import math
@@ -26,8 +27,9 @@ from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 from tqdm.auto import tqdm
 
 from t5_training import checkpoint, reporting
-from t5_training.config import TrainingConfig, config_to_dict
-from t5_training.errors import UsageError
+from t5_training.config import TrainingConfig, config_for_trackers
+from t5_training.errors import DivergedError, Preempted, UsageError
+from t5_training.interrupts import PreemptionHandler, kill_point
 from t5_training.optim import build_optimizer, build_scheduler
 
 EvaluateFn = Callable[[torch.nn.Module], dict]
@@ -49,6 +51,8 @@ class TrainState:
     best_metric: float | None = None
     best_step: int | None = None
     evals_without_improvement: int = 0
+    nonfinite_in_a_row: int = 0
+    scheduler: dict = field(default_factory=dict)
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -112,7 +116,7 @@ def _launched_distributed() -> bool:
 def init_trackers(accelerator: Accelerator, config: TrainingConfig, project: str) -> None:
     if config.report_to != "none":
         init_kwargs = {"wandb": {"name": config.run_name}} if config.run_name else {}
-        accelerator.init_trackers(project, config=config_to_dict(config), init_kwargs=init_kwargs)
+        accelerator.init_trackers(project, config=config_for_trackers(config), init_kwargs=init_kwargs)
 
 
 def total_train_steps(config: TrainingConfig, per_epoch: int) -> int:
@@ -163,36 +167,55 @@ def batches_per_epoch(loader) -> int:
         return 0
 
 
-def _window_counts(accelerator, window: list[dict]) -> torch.Tensor:
-    """[target tokens, samples, input + target tokens] of a window, summed over processes.
+def _window_counts(accelerator, window: list[dict], stop_requested: bool) -> torch.Tensor:
+    """[target tokens, samples, input + target tokens, processes asked to stop] of a window, summed over processes.
 
-    One all-reduce per step, and no host sync: the counts stay on the device until logging.
+    One all-reduce per step, which also tells every process whether any of them received a
+    preemption signal, so that all stop after the same step.
     """
     targets = sum((b["labels"] != -100).sum() for b in window)
     inputs = sum(b["attention_mask"].sum() for b in window)
     samples = torch.tensor(sum(len(b["input_ids"]) for b in window), device=accelerator.device)
-    local = torch.stack([targets, samples, inputs + targets]).double()
+    stop = torch.tensor(int(stop_requested), device=accelerator.device)
+    local = torch.stack([targets, samples, inputs + targets, stop]).double()
     return accelerator.reduce(local, reduction="sum")
 
 
-def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch.Tensor,
-                max_grad_norm: float) -> torch.Tensor:
-    """One optimizer step over a window of micro-batches. Returns the token-mean loss (a tensor)."""
+def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch.Tensor, max_grad_norm: float,
+                step: int) -> tuple[float, bool]:
+    """One optimizer step over a window of micro-batches, skipped if the loss or gradients are not finite.
+
+    Returns (the token-mean loss, whether the step was applied). Reading the loss is the step's
+    one host sync: skipping must be decided before the update. The decision is the same on
+    every process because the loss and the gradient norm are both all-reduced values.
+    """
     total_tokens = counts[0].float()
     # accelerator.backward divides by the accumulation steps and DDP averages over processes;
     # undo both so the gradient is exactly that of the token mean over the whole window.
     scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / total_tokens
     loss_sum = torch.zeros((), device=accelerator.device)
-    for batch in window:
+    for micro, batch in enumerate(window, start=1):
         with accelerator.accumulate(model):
             batch_loss = forward_loss_sum(model, batch)
             accelerator.backward(batch_loss * scale)
-            if accelerator.sync_gradients and max_grad_norm > 0:
-                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
         loss_sum += batch_loss.detach()
-    return accelerator.reduce(loss_sum, reduction="sum") / total_tokens
+        kill_point("micro", step, micro)
+    # The window's last micro-batch synchronised the gradients (a window is one whole
+    # accumulation cycle), so the optimizer wrapper below really steps.
+    loss = accelerator.reduce(loss_sum, reduction="sum") / total_tokens
+    # Clipping at infinity still measures the norm, which catches inf/NaN gradients of a finite
+    # loss. DeepSpeed clips inside its engine and returns no norm.
+    norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
+    norm = torch.as_tensor(0.0 if norm is None else norm, device=loss.device)
+    loss_value, norm_value = torch.stack([loss.double(), norm.double()]).tolist()
+    # With fp16, accelerate's GradScaler skips overflowing steps itself, and must see them to
+    # lower its scale: only a non-finite loss is skipped here.
+    bad_norm = not math.isfinite(norm_value) and accelerator.scaler is None
+    applied = math.isfinite(loss_value) and not bad_norm
+    if applied:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return (loss_value if applied else math.nan), applied
 
 
 def train(
@@ -218,38 +241,65 @@ def train(
     bar = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
                desc="training", dynamic_ncols=True)
     batches = _micro_batches(accelerator, loader, state)
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    pending: list[tuple[float, torch.Tensor]] = []
     per_epoch = batches_per_epoch(loader)
     stop = False
-    while state.step < total_steps and not stop:
-        started = time.perf_counter()
-        window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
-        counts = _window_counts(accelerator, window)
-        pending.append((_train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm), counts))
-        scheduler.step()
-        state.step += 1
-        state.train_seconds += time.perf_counter() - started
-        bar.update(1)
+    # The bar is closed on every exit, so that an error's one line starts a line of its own.
+    with PreemptionHandler(accelerator.print) as preemption, contextlib.closing(bar):
+        while state.step < total_steps and not stop:
+            started = time.perf_counter()
+            window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
+            counts = _window_counts(accelerator, window, preemption.received is not None)
+            loss, applied = _train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm,
+                                        state.step + 1)
+            pending.append((loss, counts))
+            scheduler.step()
+            state.step += 1
+            state.train_seconds += time.perf_counter() - started
+            bar.update(1)
+            _guard_nonfinite(accelerator, config, state, applied)
 
-        at_end = state.step >= total_steps
-        if at_end or state.step % max(config.logging_steps, 1) == 0:
-            _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
-        if at_end or (config.eval_steps and state.step % config.eval_steps == 0):
-            _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
-            stop = _evaluate(accelerator, config, model, state, evaluate, objective, export)
-        if at_end or stop or (config.save_steps and state.step % config.save_steps == 0):
-            _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
-            _save(accelerator, config, state)
-    bar.close()
+            at_end = state.step >= total_steps
+            if at_end or state.step % max(config.logging_steps, 1) == 0:
+                _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+            if at_end or (config.eval_steps and state.step % config.eval_steps == 0):
+                _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+                stop = _evaluate(accelerator, config, model, state, evaluate, objective, export)
+            # counts[3] was all-reduced with the step's token counts, so every process agrees.
+            preempted = counts[3].item() > 0 if accelerator.num_processes > 1 else preemption.received is not None
+            if at_end or stop or preempted or (config.save_steps and state.step % config.save_steps == 0):
+                _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+                path = _save(accelerator, config, model, scheduler, state)
+                if preempted and not at_end:
+                    raise Preempted(f"{preemption.received or 'a signal'} received: saved {path} at step "
+                                    f"{state.step}; rerun with --resume_from_checkpoint auto to continue")
     return state
+
+
+def _guard_nonfinite(accelerator, config: TrainingConfig, state: TrainState, applied: bool) -> None:
+    """Counts skipped (non-finite) steps in a row; after --max_nonfinite_steps, stops naming the likely cause."""
+    if applied:
+        state.nonfinite_in_a_row = 0
+        return
+    state.nonfinite_in_a_row += 1
+    accelerator.print(f"step {state.step}: non-finite loss or gradients; step skipped, weights unchanged")
+    limit = config.max_nonfinite_steps
+    if limit and state.nonfinite_in_a_row >= limit:
+        if accelerator.mixed_precision == "fp16":
+            cause = "T5 overflows in fp16 (its feed-forward activations exceed 65504): use --mixed_precision bf16"
+        else:
+            cause = (f"the learning rate is likely too high for this model and batch: lower --learning_rate "
+                     f"(now {config.learning_rate:g}) or raise --warmup_steps")
+        raise DivergedError(f"the loss was not finite for {state.nonfinite_in_a_row} steps in a row (up to step "
+                            f"{state.step}); {cause}. Checkpoints saved before that are intact")
 
 
 def _flush_losses(accelerator, scheduler, state: TrainState, pending: list, bar, per_epoch: int) -> None:
     """Moves step losses and counts to the state and logs the mean loss: one host sync per logging step."""
     if not pending:
         return
-    values = torch.stack([loss for loss, _ in pending]).tolist()
-    _, samples, tokens = torch.stack([counts for _, counts in pending]).sum(dim=0).tolist()
+    values = [loss for loss, _ in pending]
+    _, samples, tokens, _ = torch.stack([counts for _, counts in pending]).sum(dim=0).tolist()
     pending.clear()
     state.losses.extend(values)
     state.samples_seen += int(samples)
@@ -266,6 +316,7 @@ def _evaluate(accelerator, config, model, state: TrainState, evaluate, objective
     """Evaluates, logs, exports a new best model, and says whether early stopping triggers."""
     model.eval()
     results = evaluate(model)
+    kill_point("eval", state.step)
     model.train()
     accelerator.log({f"eval/{k}": v for k, v in results.items()}, step=state.step)
     state.evals.append({"step": state.step, **results})
@@ -285,11 +336,22 @@ def _evaluate(accelerator, config, model, state: TrainState, evaluate, objective
     return False
 
 
-def _save(accelerator, config, state: TrainState) -> None:
-    checkpoint.save_checkpoint(accelerator, config.output_dir, state)
+def _save(accelerator, config, model, scheduler, state: TrainState) -> str:
+    """Checkpoints the run (never with non-finite weights) and rotates old checkpoints; returns the folder."""
+    ensure_finite_weights(model, f"step {state.step}")
+    path = checkpoint.save_checkpoint(accelerator, config.output_dir, state, scheduler)
     if accelerator.is_main_process:
         checkpoint.rotate_checkpoints(config.output_dir, config.save_total_limit, keep_step=state.best_step)
     accelerator.wait_for_everyone()
+    return path
+
+
+def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
+    """Raises DivergedError instead of letting NaN or inf weights reach a checkpoint or an export."""
+    finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+    if not bool(finite):
+        raise DivergedError(f"the weights are not finite at {where}, so they were not saved; the last saved "
+                            "checkpoint is intact. Lower --learning_rate, or use --mixed_precision bf16 over fp16")
 
 
 def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective,
@@ -341,14 +403,12 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
     per_epoch = batches_per_epoch(train_loader)
     total_steps = total_train_steps(config, per_epoch)
     scheduler = build_scheduler(optimizer, config, total_steps)
-    accelerator.register_for_checkpointing(scheduler)
 
     state = TrainState()
+    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(resume_path))
     if resume_path:
-        checkpoint.load_checkpoint(accelerator, resume_path, state)
+        checkpoint.load_checkpoint(accelerator, resume_path, state, scheduler)
         accelerator.print(f"resumed from {resume_path} at step {state.step}")
-    else:
-        checkpoint.remove_stale_checkpoints(accelerator, config.output_dir)
     init_trackers(accelerator, config, project_name)
 
     def export(model, name: str) -> None:
@@ -356,6 +416,7 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
 
     state = train(accelerator, config, model, optimizer, scheduler, train_loader, state, total_steps=total_steps,
                   evaluate=make_evaluate(prepared_evals), objective=objective, export=export)
+    ensure_finite_weights(model, "the end of training")
     export(model, "final")
     results = finish(accelerator, config, state, objective, per_epoch)
     accelerator.end_training()

@@ -64,3 +64,18 @@ def load_tokenizer_and_model(config):
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return tokenizer, model
+
+
+def check_lengths(model, **lengths: int) -> None:
+    """Refuses lengths beyond the model's position embeddings, where it has absolute ones.
+
+    T5's relative attention takes any length, so for T5 this never fires; a BART-style model
+    would otherwise fail deep in an embedding lookup with an index error.
+    """
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if not isinstance(limit, int):
+        return
+    for flag, length in lengths.items():
+        if length > limit:
+            raise UsageError(f"--{flag} {length} is longer than this model's {limit} position embeddings; "
+                             f"use --{flag} {limit} or less")

@@ -15,6 +15,7 @@ from t5_training import optim
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 from t5_training.loop import TrainState
+from tests import fixtures
 
 
 def _make_step_dir(output_dir, name, complete=True):
@@ -24,21 +25,9 @@ def _make_step_dir(output_dir, name, complete=True):
         f.write(name)
     if complete:
         with open(os.path.join(path, checkpoint.MANIFEST), "w") as f:
-            json.dump({"name": name}, f)
+            json.dump({"step": 0, "files": {"weights.bin": len(name)}}, f)
     return path
 
-
-def _snapshot(root):
-    """Every file under `root` with its contents, and every folder: what a directory holds."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for d in dirs:
-            found[os.path.relpath(os.path.join(folder, d), root) + "/"] = None
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, root)] = f.read()
-    return found
 
 
 def _tiny_t5():
@@ -78,6 +67,11 @@ class ListCheckpointsTest(_TmpDirTest):
         for name in ("step-000010", "step-1000000", "step-000009", "step-000100"):
             _make_step_dir(self.out, name)
         _make_step_dir(self.out, "step-000200", complete=False)
+        truncated = _make_step_dir(self.out, "step-000250")
+        with open(os.path.join(truncated, "weights.bin"), "w") as f:  # shorter than its manifest says
+            f.write("step")
+        missing = _make_step_dir(self.out, "step-000260")
+        os.remove(os.path.join(missing, "weights.bin"))
         _make_step_dir(self.out, ".tmp-step-000300")
         _make_step_dir(self.out, "best-000400")
         with open(os.path.join(self.out, "step-000500"), "w") as f:  # a file, not a folder
@@ -169,14 +163,16 @@ class RotateCheckpointsTest(_TmpDirTest):
 
 class PrepareOutputDirTest(_TmpDirTest):
 
-    def test_missing_dir_is_created(self):
-        self.assertIsNone(checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint=None))
-        self.assertTrue(os.path.isdir(self.out))
+    def test_missing_dir_is_not_created_yet(self):
+        # Creating it waits until every input is checked (start_output_dir).
+        self.assertIsNone(checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint=None))
+        self.assertFalse(os.path.exists(self.out))
+        checkpoint.start_output_dir(accelerate.Accelerator(cpu=True), self.out, resuming=False)
         self.assertEqual(os.listdir(self.out), [])
 
     def test_empty_dir_is_fine(self):
         os.makedirs(self.out)
-        self.assertIsNone(checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint="auto"))
+        self.assertIsNone(checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint="auto"))
         self.assertEqual(os.listdir(self.out), [])
 
     def _fill(self):
@@ -195,51 +191,57 @@ class PrepareOutputDirTest(_TmpDirTest):
         with open(os.path.join(self.out, "notes.txt"), "w") as f:
             f.write("precious")
         _make_step_dir(self.out, "step-000006", complete=False)
-        before = _snapshot(self.out)
+        before = fixtures.snapshot(self.out)
         with self.assertRaisesRegex(UsageError, "--overwrite_output_dir") as raised:
-            checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint=resume)
+            checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint=resume)
         self.assertIn(self.out, str(raised.exception))
-        self.assertEqual(_snapshot(self.out), before)
+        self.assertEqual(fixtures.snapshot(self.out), before)
 
     def test_overwrite_is_allowed_and_deletes_nothing_yet(self):
         self._fill()
-        before = _snapshot(self.out)
-        self.assertIsNone(checkpoint.prepare_output_dir(self.out, overwrite=True, resume_from_checkpoint=None))
-        # Deleting waits until the run's inputs are checked (remove_stale_checkpoints).
-        self.assertEqual(_snapshot(self.out), before)
+        before = fixtures.snapshot(self.out)
+        self.assertIsNone(checkpoint.check_output_dir(self.out, overwrite=True, resume_from_checkpoint=None))
+        # Deleting waits until the run's inputs are checked (start_output_dir).
+        self.assertEqual(fixtures.snapshot(self.out), before)
 
-    def test_remove_stale_checkpoints_removes_old_checkpoints_only(self):
+    def test_starting_afresh_removes_old_checkpoints_only(self):
         self._fill()
-        best_before = _snapshot(os.path.join(self.out, "best"))
-        checkpoint.remove_stale_checkpoints(accelerate.Accelerator(cpu=True), self.out)
+        best_before = fixtures.snapshot(os.path.join(self.out, "best"))
+        checkpoint.start_output_dir(accelerate.Accelerator(cpu=True), self.out, resuming=False)
         self.assertEqual(sorted(os.listdir(self.out)), ["best", "train_results.json"])
         with open(os.path.join(self.out, "train_results.json")) as f:
             self.assertEqual(f.read(), '{"train_loss": 1.5}')
-        self.assertEqual(_snapshot(os.path.join(self.out, "best")), best_before)
+        self.assertEqual(fixtures.snapshot(os.path.join(self.out, "best")), best_before)
         self.assertIn("weights.bin", best_before)
+
+    def test_starting_a_resumed_run_deletes_nothing(self):
+        self._fill()
+        before = fixtures.snapshot(self.out)
+        checkpoint.start_output_dir(accelerate.Accelerator(cpu=True), self.out, resuming=True)
+        self.assertEqual(fixtures.snapshot(self.out), before)
 
     @parameterized.named_parameters(("without_overwrite", False), ("with_overwrite", True))
     def test_resume_auto_returns_checkpoint_and_deletes_nothing(self, overwrite):
         self._fill()
-        before = _snapshot(self.out)
-        resume = checkpoint.prepare_output_dir(self.out, overwrite=overwrite, resume_from_checkpoint="auto")
+        before = fixtures.snapshot(self.out)
+        resume = checkpoint.check_output_dir(self.out, overwrite=overwrite, resume_from_checkpoint="auto")
         self.assertEqual(resume, os.path.join(self.out, "step-000004"))
-        self.assertEqual(_snapshot(self.out), before)
+        self.assertEqual(fixtures.snapshot(self.out), before)
 
     def test_resume_explicit_path(self):
         self._fill()
-        before = _snapshot(self.out)
+        before = fixtures.snapshot(self.out)
         path = os.path.join(self.out, "step-000002")
-        self.assertEqual(checkpoint.prepare_output_dir(self.out, overwrite=False, resume_from_checkpoint=path), path)
-        self.assertEqual(_snapshot(self.out), before)
+        self.assertEqual(checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint=path), path)
+        self.assertEqual(fixtures.snapshot(self.out), before)
 
     def test_resume_incomplete_path_raises_before_deleting(self):
         self._fill()
-        before = _snapshot(self.out)
+        before = fixtures.snapshot(self.out)
         with self.assertRaisesRegex(UsageError, "incomplete"):
-            checkpoint.prepare_output_dir(self.out, overwrite=True,
+            checkpoint.check_output_dir(self.out, overwrite=True,
                                           resume_from_checkpoint=os.path.join(self.out, "step-000006"))
-        self.assertEqual(_snapshot(self.out), before)
+        self.assertEqual(fixtures.snapshot(self.out), before)
 
 
 class SaveLoadTest(_TmpDirTest):
@@ -269,8 +271,10 @@ class SaveLoadTest(_TmpDirTest):
         with open(os.path.join(path, checkpoint.MANIFEST)) as f:
             manifest = json.load(f)
         self.assertEqual(manifest["step"], 7)
-        # The manifest lists everything else in the folder.
-        self.assertEqual(sorted(manifest["files"] + [checkpoint.MANIFEST]), files)
+        # The manifest lists everything else in the folder, with each file's size.
+        self.assertEqual(sorted([*manifest["files"], checkpoint.MANIFEST]), files)
+        for name, size in manifest["files"].items():
+            self.assertEqual(os.path.getsize(os.path.join(path, name)), size)
         with open(os.path.join(path, checkpoint.STATE_FILE)) as f:
             saved = json.load(f)
         self.assertEqual(saved, state.state_dict())
@@ -319,6 +323,32 @@ class SaveLoadTest(_TmpDirTest):
         self.assertEqual((restored.best_metric, restored.best_step), (0.75, 6))
         self.assertEqual(restored, state)
 
+    def test_a_checkpoint_cannot_run_code(self):
+        # An optimizer file that would run a command when unpickled: weights_only=True refuses it.
+        accelerator, model, optimizer = self._accelerated(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))
+        marker = os.path.join(self.root, "pwned")
+
+        class Payload:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        torch.save({"state": Payload()}, os.path.join(path, "optimizer.bin"))
+        with self.assertRaisesRegex(UsageError, r"checkpoint .*step-000001 could not be loaded .*damaged"):
+            checkpoint.load_checkpoint(accelerator, path, TrainState())
+        self.assertFalse(os.path.exists(marker))
+
+    def test_garbled_file_is_one_clear_error(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))
+        target = os.path.join(path, "optimizer.bin")
+        size = os.path.getsize(target)
+        with open(target, "wb") as f:  # same size, so the manifest check passes: only loading can tell
+            f.write(b"\0" * size)
+        self.assertTrue(checkpoint.is_complete(path))
+        with self.assertRaisesRegex(UsageError, "could not be loaded"):
+            checkpoint.load_checkpoint(accelerator, path, TrainState())
+
     def test_load_into_fresh_model(self):
         accelerator, model, optimizer = self._accelerated(0)
         self._train_one_step(model, optimizer)
@@ -331,25 +361,25 @@ class SaveLoadTest(_TmpDirTest):
         for key, value in other_model.state_dict().items():
             torch.testing.assert_close(value, saved_weights[key], rtol=0, atol=0)
 
-    def test_registered_scheduler_resumes_its_step(self):
-        # As fine_tune_t5.py does: the LambdaLR from optim is registered for checkpointing.
+    def test_scheduler_resumes_its_step(self):
+        # As the loop does: the LambdaLR from optim is saved in train_state.json, not pickled.
         accelerator = accelerate.Accelerator(cpu=True)
         torch.manual_seed(0)
         config = TrainingConfig(output_dir=self.out, max_steps=10, learning_rate=0.1, warmup_steps=2)
         model = accelerator.prepare(torch.nn.Linear(4, 2))
         optimizer = accelerator.prepare(optim.build_optimizer(model, config))
         scheduler = optim.build_scheduler(optimizer, config, 10)
-        accelerator.register_for_checkpointing(scheduler)
         for _ in range(4):
             self._train_one_step(model, optimizer)
             scheduler.step()
-        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=4))
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=4), scheduler)
+        self.assertEmpty([name for name in os.listdir(path) if name.startswith("custom_checkpoint")])
         for _ in range(3):
             self._train_one_step(model, optimizer)
             scheduler.step()
         self.assertAlmostEqual(optimizer.param_groups[0]["lr"], 0.1 * (1 - 5 / 8), places=12)
 
-        checkpoint.load_checkpoint(accelerator, path, TrainState())
+        checkpoint.load_checkpoint(accelerator, path, TrainState(), scheduler)
 
         self.assertEqual(scheduler.last_epoch, 4)
         self.assertAlmostEqual(optimizer.param_groups[0]["lr"], 0.1 * (1 - 2 / 8), places=12)

@@ -162,7 +162,7 @@ class BadInputTest(fixtures.TempDirTestCase):
         dev = b"sentence\tlabel\n" + b"good movie\t1\n" * 2000 + b"caf\xe9 cr\xe8me\t0\n"
         folder = self._sst2(dev)
         # The line, not the offset inside the decoder's chunk.
-        with self.assertRaisesRegex(UsageError, r"dev.tsv is not utf-8-sig: line 2002 has byte 0xe9 "
+        with self.assertRaisesRegex(UsageError, r"dev.tsv is not UTF-8: line 2002 has byte 0xe9 "
                                                 r"\(invalid continuation byte\); re-encode it as UTF-8"):
             self._load_sst2(folder)
 
@@ -248,7 +248,7 @@ class TableFileTest(fixtures.TempDirTestCase):
     )
     def test_not_utf8(self, extension, text, line):
         train = '{"sentence": "fun", "label": 1}\n' if extension == ".jsonl" else "sentence,label\nfun,1\n"
-        with self.assertRaisesRegex(UsageError, rf"valid{extension} is not utf-8: line {line} has byte 0xe9"):
+        with self.assertRaisesRegex(UsageError, rf"valid{extension} is not UTF-8: line {line} has byte 0xe9"):
             self._load(tasks.get_entry("glue", "sst2"), train, text, extension)
 
 

@@ -50,6 +50,19 @@ def fine_tune_args(output_dir: str, *extra: str) -> list[str]:
     ]
 
 
+def snapshot(root: str) -> dict:
+    """Every folder and every file (with its bytes) under `root`: proof that a refused run changed nothing."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for d in dirs:
+            found[os.path.relpath(os.path.join(folder, d), root) + "/"] = None
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, root)] = f.read()
+    return found
+
+
 class TempDirTestCase(parameterized.TestCase):
     """A fresh temp dir per test (`self.dir`), with datasets' cache inside it so loads leave nothing behind."""
 

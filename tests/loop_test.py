@@ -4,9 +4,13 @@ Runs go through fine_tune_t5.main on a tiny T5 and 100 real SST-2 rows, so they 
 same code a user runs. With 100 rows and batch 8 an epoch has 13 micro-batches, so windows of
 2 micro-batches straddle epoch boundaries, the case where off-by-one bugs live.
 """
+import contextlib
+import io
 import json
+import math
 import os
 import tempfile
+from unittest import mock
 
 import torch
 from absl.testing import absltest, parameterized
@@ -15,6 +19,7 @@ from safetensors.torch import load_file
 import fine_tune_t5
 from t5_training import loop
 from t5_training.config import TrainingConfig
+from t5_training.errors import DivergedError, run_cli
 from tests import fixtures
 
 
@@ -118,3 +123,74 @@ class ObjectiveTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+def _nan_on_steps(steps: set, accumulation: int = 1):
+    """A forward_loss_sum that returns NaN on the micro-batches of the given (1-based) optimizer steps."""
+    real = loop.forward_loss_sum
+    calls = []
+
+    def patched(model, batch):
+        calls.append(None)
+        loss = real(model, batch)
+        step = (len(calls) - 1) // accumulation + 1
+        return loss * float("nan") if step in steps else loss
+
+    return mock.patch.object(loop, "forward_loss_sum", patched)
+
+
+class NonFiniteGuardTest(absltest.TestCase):
+
+    def test_non_finite_steps_are_skipped_and_training_goes_on(self):
+        with tempfile.TemporaryDirectory() as out, _nan_on_steps({3, 4}, accumulation=2):
+            _run(out, "--max_steps", "6", "--save_steps", "1", "--save_total_limit", "0",
+                 "--gradient_accumulation_steps", "2", "--max_nonfinite_steps", "3")
+            losses = _losses(out)
+            self.assertEqual([math.isnan(x) for x in losses], [False, False, True, True, False, False])
+            # Skipped steps leave the weights (and optimizer) exactly as they were.
+            weights = [load_file(os.path.join(out, f"step-{s:06d}", "model.safetensors")) for s in (2, 4, 5)]
+            for name in weights[0]:
+                self.assertTrue(torch.equal(weights[0][name], weights[1][name]), name)
+            self.assertFalse(all(torch.equal(weights[1][n], weights[2][n]) for n in weights[1]))
+            self.assertTrue(all(torch.isfinite(t).all() for t in _weights(out).values()))
+
+    def test_too_many_in_a_row_stops_with_the_likely_cause_and_exit_code_3(self):
+        with tempfile.TemporaryDirectory() as out, _nan_on_steps(set(range(3, 100))):
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr):
+                code = run_cli(fine_tune_t5.main, fixtures.fine_tune_args(
+                    out, "--max_steps", "10", "--save_steps", "1", "--max_nonfinite_steps", "3"))
+            self.assertEqual(code, 3)
+            lines = [line for line in stderr.getvalue().splitlines() if line.startswith("diverged:")]
+            self.assertLen(lines, 1, stderr.getvalue()[-2000:])
+            self.assertIn("not finite for 3 steps in a row (up to step 5)", lines[0])
+            self.assertIn("lower --learning_rate (now 0.001)", lines[0])
+            # Steps 3 and 4 were skipped, so their checkpoints hold the finite weights of step 2;
+            # nothing was saved at or after the step that stopped the run.
+            saved = sorted(n for n in os.listdir(out) if n.startswith("step-"))
+            self.assertEqual(saved[-1], "step-000004")
+            self.assertFalse(os.path.exists(os.path.join(out, "final")))
+
+    def test_fp16_is_named_as_the_cause_under_fp16(self):
+        accelerator = mock.Mock(mixed_precision="fp16")
+        state = loop.TrainState(step=7, nonfinite_in_a_row=1)
+        with self.assertRaisesRegex(DivergedError, "fp16.*--mixed_precision bf16"):
+            loop._guard_nonfinite(accelerator, TrainingConfig(max_nonfinite_steps=2), state, applied=False)
+
+    def test_zero_never_stops(self):
+        state = loop.TrainState(step=70, nonfinite_in_a_row=50)
+        loop._guard_nonfinite(mock.Mock(mixed_precision="no"), TrainingConfig(max_nonfinite_steps=0), state,
+                              applied=False)
+        self.assertEqual(state.nonfinite_in_a_row, 51)
+        loop._guard_nonfinite(mock.Mock(), TrainingConfig(), state, applied=True)
+        self.assertEqual(state.nonfinite_in_a_row, 0)
+
+    def test_non_finite_weights_are_never_saved(self):
+        model = torch.nn.Linear(2, 2)
+        loop.ensure_finite_weights(model, "here")
+        with torch.no_grad():
+            model.weight[0, 0] = float("inf")
+        with tempfile.TemporaryDirectory() as out:
+            with self.assertRaisesRegex(DivergedError, "not finite at step 3, so they were not saved"):
+                loop._save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
+            self.assertEqual(os.listdir(out), [])

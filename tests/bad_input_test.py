@@ -1,0 +1,134 @@
+"""Every bad input ends with one line that names the problem and the fix, exit code 2, and no change on disk.
+
+Each case runs the real script in a subprocess, so the one-line promise also covers whatever
+the libraries might print. The output dir already holds an earlier run (a checkpoint, results)
+and, except where the case is about it, the run is given --overwrite_output_dir: even then a
+refused run must delete or write nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest, parameterized
+from transformers import T5TokenizerFast
+
+from tests import fixtures
+
+FINE_TUNE = os.path.join(fixtures.REPO, "fine_tune_t5.py")
+PRE_TRAIN = os.path.join(fixtures.REPO, "pre_train_t5.py")
+
+
+def _write(path: str, content: str | bytes) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+    return path
+
+
+def _flag(args: list[str], flag: str, value: str) -> list[str]:
+    args = list(args)
+    args[args.index(flag) + 1] = value
+    return args
+
+
+class BadInputTest(parameterized.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.files = tempfile.mkdtemp()
+        f = cls.files
+        _write(f"{f}/no_label.csv", "sentence,score\ngood film,1\n")
+        _write(f"{f}/bad_label.csv", "sentence,label\ngood film,positive\nbad film,great\n")
+        _write(f"{f}/empty_label.csv", "sentence,label\ngood film,1\nbad film,\n")
+        _write(f"{f}/header_only.csv", "sentence,label\n")
+        _write(f"{f}/nan_score.csv", "sentence1,sentence2,label\na cat,a dog,2.5\na man,a car,nan\n")
+        # A --data_dir whose training file has a Latin-1 byte on line 3.
+        dev = os.path.join(fixtures.SST2_DIR, "dev.tsv")
+        shutil.copy(dev, _write(f"{f}/latin1/dev.tsv", ""))
+        _write(f"{f}/latin1/train.tsv", b"sentence\tlabel\ngood film\t1\ncaf\xe9 scene\t0\n")
+        _write(f"{f}/bart.json", json.dumps({
+            "model_type": "bart", "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
+            "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+            "decoder_ffn_dim": 32, "max_position_embeddings": 32, "vocab_size": 1000}))
+        T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁a", -1.0)],
+                        extra_ids=0).save_pretrained(f"{f}/no_sentinels")
+        _write(f"{f}/corpus.txt", "a small corpus line\n" * 50)
+
+    def _earlier_run(self, out: str) -> None:
+        """What a finished run leaves: a complete checkpoint, results, and a user's note."""
+        step = os.path.join(out, "step-000002")
+        _write(os.path.join(step, "model.safetensors"), b"weights")
+        _write(os.path.join(step, "checkpoint.json"),
+               json.dumps({"step": 2, "files": {"model.safetensors": len(b"weights")}}))
+        _write(os.path.join(out, "eval_results.json"), '{"accuracy": 81.0}')
+        _write(os.path.join(out, "notes.txt"), "earlier results\n")
+
+    @parameterized.named_parameters(
+        ("unknown_benchmark", FINE_TUNE, ["--benchmark", "superglu"], "unknown --benchmark 'superglu'",
+         "known: embedded, glue, seq2seq"),
+        ("unknown_task", FINE_TUNE, ["--dataset_name", "sst3"], "unknown --dataset_name 'sst3'", "known: cola, mnli"),
+        ("missing_column", FINE_TUNE, ["--train_file", "{f}/no_label.csv", "--validation_file", "{f}/no_label.csv"],
+         "no column 'label'", "columns found: sentence, score"),
+        ("label_outside_words", FINE_TUNE, ["--train_file", "{f}/bad_label.csv", "--validation_file",
+                                            "{f}/bad_label.csv"], "row 2: label 'great'", "0 or 'negative'"),
+        ("empty_split", FINE_TUNE, ["--train_file", "{f}/header_only.csv", "--validation_file",
+                                    "{f}/bad_label.csv"], "header_only.csv has no rows", "a file with rows"),
+        ("non_utf8", FINE_TUNE, ["--data_dir", "{f}/latin1"], "train.tsv is not UTF-8: line 3 has byte 0xe9",
+         "re-encode it as UTF-8"),
+        ("empty_label", FINE_TUNE, ["--train_file", "{f}/empty_label.csv", "--validation_file",
+                                    "{f}/empty_label.csv"], "row 2: label None", "fix the row"),
+        ("nan_label", FINE_TUNE, ["--dataset_name", "stsb", "--train_file", "{f}/nan_score.csv",
+                                  "--validation_file", "{f}/nan_score.csv"], "row 2: label None is not a number",
+         "fix or remove the row"),
+        ("misspelt_flag", FINE_TUNE, ["--learning_rte", "1e-3"], "unknown flag --learning_rte",
+         "did you mean --learning_rate?"),
+        ("non_empty_output_dir", FINE_TUNE, [], "is not empty", "pass --overwrite_output_dir"),
+        ("no_sentinels", PRE_TRAIN, ["--tokenizer_name", "{f}/no_sentinels"], "has no sentinel tokens",
+         "python -m t5_training.tokenizer"),
+        ("longer_than_positions", FINE_TUNE, ["--config_name", "{f}/bart.json", "--max_source_length", "64"],
+         "--max_source_length 64 is longer than this model's 32 position embeddings", "--max_source_length 32"),
+        ("missing_data_dir", FINE_TUNE, ["--data_dir", "{f}/nowhere"], "is not a directory",
+         "point it at the folder with the task's files"),
+        ("incomplete_checkpoint", FINE_TUNE, ["--resume_from_checkpoint", "{out}/step-000004"],
+         "step-000004 is incomplete or damaged", "pass an earlier checkpoint or 'auto'"),
+        ("damaged_checkpoint", FINE_TUNE, ["--resume_from_checkpoint", "{out}/step-000002"],
+         "step-000002 could not be loaded", "pass an earlier checkpoint"),
+    )
+    def test_one_line_exit_2_nothing_changed(self, script, flags, problem, fix):
+        with tempfile.TemporaryDirectory() as root:
+            out = os.path.join(root, "out")
+            self._earlier_run(out)
+            # A checkpoint killed before its manifest, and one whose manifest checks out but whose
+            # files are not what accelerate wrote.
+            _write(os.path.join(out, "step-000004", "model.safetensors"), b"half")
+            before = fixtures.snapshot(out)
+            flags = [flag.format(f=self.files, out=out) for flag in flags]
+            if script == PRE_TRAIN:
+                args = ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.sst2_tokenizer_dir(),
+                        "--train_file", f"{self.files}/corpus.txt", "--output_dir", out, "--max_steps", "2",
+                        "--max_seq_length", "32"]
+                args = _flag(args, "--tokenizer_name", flags[1])
+            else:
+                args = fixtures.fine_tune_args(out, "--max_steps", "2", *flags)
+            resumes = "--resume_from_checkpoint" in flags
+            if "is not empty" not in problem and not resumes:
+                args.append("--overwrite_output_dir")
+            done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300,
+                                  cwd=fixtures.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            self.assertEqual(done.returncode, 2, done.stderr[-2000:])
+            lines = done.stderr.strip().splitlines()
+            self.assertLen(lines, 1, done.stderr)
+            self.assertStartsWith(lines[0], "error: ")
+            self.assertIn(problem, lines[0])
+            self.assertIn(fix, lines[0])
+            self.assertEqual(fixtures.snapshot(out), before)
+
+
+if __name__ == "__main__":
+    absltest.main()

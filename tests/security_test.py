@@ -1,0 +1,109 @@
+"""Security defaults: no remote code unless asked, safetensors exports, no pickle loading, no secrets in trackers."""
+from __future__ import annotations
+
+import ast
+import glob
+import os
+from unittest import mock
+
+from absl.testing import absltest
+
+import fine_tune_t5
+from t5_training import loop, modeling
+from t5_training.config import REDACTED, ModelConfig, TrainingConfig, config_for_trackers
+from tests import fixtures
+
+
+def _project_sources() -> list[str]:
+    files = glob.glob(os.path.join(fixtures.REPO, "*.py")) + glob.glob(os.path.join(fixtures.REPO, "t5_training",
+                                                                                    "*.py"))
+    files += glob.glob(os.path.join(fixtures.REPO, "benchmarks", "*.py"))
+    return sorted(files)
+
+
+class NoPickleLoadingTest(absltest.TestCase):
+
+    def test_every_torch_load_passes_weights_only_true(self):
+        calls = []
+        for path in _project_sources():
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and \
+                        getattr(node.func.value, "id", None) == "torch":
+                    safe = any(k.arg == "weights_only" and getattr(k.value, "value", None) is True
+                               for k in node.keywords)
+                    calls.append((os.path.relpath(path, fixtures.REPO), node.lineno, safe))
+        self.assertEqual([c for c in calls if not c[2]], [])
+
+    def test_the_scan_sees_the_project(self):
+        names = {os.path.relpath(p, fixtures.REPO) for p in _project_sources()}
+        self.assertContainsSubset({"fine_tune_t5.py", "pre_train_t5.py", "t5_training/checkpoint.py"}, names)
+
+    def test_scheduler_is_not_a_pickled_custom_object(self):
+        # accelerate unpickles registered objects with weights_only=False; nothing may be registered.
+        with open(os.path.join(fixtures.REPO, "t5_training", "loop.py"), encoding="utf-8") as f:
+            self.assertNotIn("register_for_checkpointing", f.read())
+
+
+class RemoteCodeTest(absltest.TestCase):
+
+    def test_off_by_default(self):
+        self.assertFalse(ModelConfig().trust_remote_code)
+        self.assertFalse(fine_tune_t5.FineTuneConfig().trust_remote_code)
+
+    def test_the_flag_reaches_the_loaders(self):
+        with mock.patch.object(modeling.AutoTokenizer, "from_pretrained") as tokenizer:
+            modeling.load_tokenizer("some/model")
+            modeling.load_tokenizer("some/model", trust_remote_code=True)
+        self.assertEqual([c.kwargs["trust_remote_code"] for c in tokenizer.call_args_list], [False, True])
+        with mock.patch.object(modeling.AutoModelForSeq2SeqLM, "from_pretrained") as model:
+            model.return_value.get_input_embeddings.return_value.num_embeddings = 10
+            modeling.load_model("some/model", None, [0] * 10)
+        self.assertFalse(model.call_args.kwargs["trust_remote_code"])
+
+
+class ExportFormatTest(fixtures.TempDirTestCase):
+
+    def test_models_are_saved_as_safetensors_only(self):
+        out = os.path.join(self.dir, "run")
+        fine_tune_t5.main(fixtures.fine_tune_args(out, "--max_steps", "2", "--save_steps", "1"))
+        for folder in ("final", "best"):
+            files = os.listdir(os.path.join(out, folder))
+            self.assertIn("model.safetensors", files)
+            self.assertEqual([f for f in files if f.endswith((".bin", ".pt", ".pth", ".pkl"))], [])
+        checkpoint_files = os.listdir(os.path.join(out, "step-000002"))
+        self.assertIn("model.safetensors", checkpoint_files)
+
+
+class TrackerSecretsTest(absltest.TestCase):
+
+    def test_secret_values_and_secret_named_fields_are_redacted(self):
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class WithToken(TrainingConfig):
+            hub_token: str | None = None
+
+        env = {"WANDB_API_KEY": "0123456789abcdef", "HF_TOKEN": "hf_secretvalue", "HOME": "/home/someone"}
+        config = WithToken(run_name="lr-sweep-0123456789abcdef", hub_token="hf_other", output_dir="/home/someone/x")
+        logged = config_for_trackers(config, environ=env)
+        self.assertEqual(logged["run_name"], REDACTED)
+        self.assertEqual(logged["hub_token"], REDACTED)
+        self.assertEqual(logged["output_dir"], "/home/someone/x")  # HOME is not a secret
+        self.assertEqual(logged["learning_rate"], config.learning_rate)
+        self.assertNotIn("0123456789abcdef", repr(logged))
+
+    def test_trackers_get_the_redacted_config(self):
+        accelerator = mock.Mock()
+        config = TrainingConfig(report_to="tensorboard", run_name="x")
+        with mock.patch.dict(os.environ, {"WANDB_API_KEY": "x" * 40}):
+            loop.init_trackers(accelerator, TrainingConfig(report_to="tensorboard", run_name="key-" + "x" * 40),
+                               "project")
+        sent = accelerator.init_trackers.call_args.kwargs["config"]
+        self.assertEqual(sent["run_name"], REDACTED)
+        self.assertEqual(loop.config_for_trackers(config, environ={})["run_name"], "x")
+
+
+if __name__ == "__main__":
+    absltest.main()
