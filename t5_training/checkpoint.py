@@ -40,6 +40,8 @@ def is_complete(path: str) -> bool:
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
             files = json.load(f)["files"]
+        if isinstance(files, list):  # manifests of earlier versions list names only
+            files = {name: os.path.getsize(os.path.join(path, name)) for name in files}
         return all(os.path.getsize(os.path.join(path, name)) == size for name, size in files.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
@@ -92,12 +94,21 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
     kill_point("save", state.step)
     if accelerator.is_main_process:
         write_json(os.path.join(tmp, STATE_FILE), state.state_dict())
-        files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
-        write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": files})
+        write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": _file_sizes(tmp)})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _file_sizes(folder: str) -> dict[str, int]:
+    """Every file under `folder` (DeepSpeed writes subfolders) by relative path, with its size."""
+    sizes = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            sizes[os.path.relpath(path, folder)] = os.path.getsize(path)
+    return dict(sorted(sizes.items()))
 
 
 def load_checkpoint(accelerator, path: str, state, scheduler=None) -> None:
@@ -106,6 +117,10 @@ def load_checkpoint(accelerator, path: str, state, scheduler=None) -> None:
     Every tensor file is read with weights_only=True (accelerate's default), so a checkpoint
     cannot run code. One that fails to load is reported as a UsageError naming it.
     """
+    if any(name.startswith("custom_checkpoint_") for name in os.listdir(path)):
+        raise UsageError(f"checkpoint {path} was written by an earlier version that pickled its scheduler "
+                         "(custom_checkpoint_*.pkl), which is not unpickled for safety; resume it with that "
+                         "version, or start over with --overwrite_output_dir")
     try:
         accelerator.load_state(path)
         with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:

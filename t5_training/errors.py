@@ -26,6 +26,8 @@ class CliError(Exception):
 
     exit_code = 1
     prefix = "error"
+    # True where every process raises it after the same step, from values they all-reduced.
+    raised_by_every_process = False
 
 
 class UsageError(CliError, ValueError):
@@ -39,6 +41,7 @@ class DivergedError(CliError, RuntimeError):
 
     exit_code = EXIT_DIVERGED
     prefix = "diverged"
+    raised_by_every_process = True
 
 
 class Preempted(CliError):
@@ -46,6 +49,7 @@ class Preempted(CliError):
 
     exit_code = EXIT_PREEMPTED
     prefix = "preempted"
+    raised_by_every_process = True
 
 
 def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> int:
@@ -56,5 +60,20 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
         # Under `accelerate launch` every process hits the same error: print it once.
         if os.environ.get("RANK", "0") == "0":
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
+        if err.raised_by_every_process:
+            _close_process_group()
         return err.exit_code
     return 0
+
+
+def _close_process_group() -> None:
+    """Closes the process group that a run stopped by an error left open (end_training closes it otherwise).
+
+    Left open at exit (DeepSpeed's especially), it can abort the interpreter with "terminate
+    called without an active exception", turning exit code 75 into 134. Only done when every
+    process raised the error at the same point: closing while another process still waits in
+    a collective can hang.
+    """
+    distributed = sys.modules.get("torch.distributed")  # never imported here just to find nothing
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()

@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, InitProcessGroupKwargs
+from accelerate.utils import (DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin,
+                             InitProcessGroupKwargs)
 from tqdm.auto import tqdm
 
 from t5_training import checkpoint, reporting
@@ -83,14 +84,26 @@ def resolve_mixed_precision(requested: str) -> str:
 
 
 def build_accelerator(config: TrainingConfig) -> Accelerator:
-    """An Accelerator for this machine: gloo and `cpu=True` when there is no GPU."""
+    """An Accelerator for this machine: gloo and `cpu=True` when there is no GPU.
+
+    Under `accelerate launch` with a DeepSpeed config, DeepSpeed runs on the CPU itself; there
+    accelerate's `cpu=True` (or ACCELERATE_USE_CPU, which the Slurm scripts set on CPU nodes)
+    would silently drop DeepSpeed and train plain DDP, so it is turned off.
+    """
     on_cpu = not torch.cuda.is_available()
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if on_cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        # accelerate enables FSDP only on GPU-like devices; on a CPU it would train plain DDP.
+        raise UsageError("FSDP needs GPUs (accelerate does not run it on CPUs); on CPUs shard with --config_file "
+                         "accelerate_configs/deepspeed_zero3.yaml, or train data-parallel with --multi_gpu")
     if on_cpu:
         # DeepSpeed otherwise probes for a GPU and warns on every import.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if deepspeed:
+            os.environ["ACCELERATE_USE_CPU"] = "false"
     precision = resolve_mixed_precision(config.mixed_precision)
     accelerator = Accelerator(
-        cpu=on_cpu,
+        cpu=on_cpu and not deepspeed,
         mixed_precision=precision,
         # Windows are exact multiples of the accumulation steps (see `train`), so accumulation
         # never needs to follow the end of an epoch.
@@ -103,6 +116,12 @@ def build_accelerator(config: TrainingConfig) -> Accelerator:
         # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
     )
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        # accelerate would fill "auto" with 1.0; DeepSpeed clips inside its engine, so this is
+        # where --max_grad_norm takes effect (0 turns clipping off, as without DeepSpeed).
+        if ds_config.get("gradient_clipping") == "auto":
+            ds_config["gradient_clipping"] = config.max_grad_norm
     if precision == "fp16":
         accelerator.print("warning: fp16 overflows in T5's feed-forward layers and tends to give NaN losses; "
                           "prefer --mixed_precision bf16")
@@ -204,7 +223,10 @@ def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch
     # accumulation cycle), so the optimizer wrapper below really steps.
     loss = accelerator.reduce(loss_sum, reduction="sum") / total_tokens
     # Clipping at infinity still measures the norm, which catches inf/NaN gradients of a finite
-    # loss. DeepSpeed clips inside its engine and returns no norm.
+    # loss. Under DeepSpeed the step already ran inside the last backward: the engine clipped
+    # (at --max_grad_norm, see build_accelerator), skipped the update if the gradients were not
+    # finite, and reports that step's norm here (inf when skipped; None in older accelerate),
+    # so the decision below matches what DeepSpeed did and its optimizer.step() is a no-op.
     norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
     norm = torch.as_tensor(0.0 if norm is None else norm, device=loss.device)
     loss_value, norm_value = torch.stack([loss.double(), norm.double()]).tolist()
@@ -348,7 +370,16 @@ def _save(accelerator, config, model, scheduler, state: TrainState) -> str:
 
 def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
     """Raises DivergedError instead of letting NaN or inf weights reach a checkpoint or an export."""
-    finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+    # Under ZeRO-3 a parameter is an empty placeholder and this process's shard is `ds_tensor`.
+    shards = [getattr(p, "ds_tensor", p) for p in model.parameters()]
+    finite = torch.stack([torch.isfinite(t).all() for t in shards]).all()
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # Sharded weights (ZeRO-3, FSDP) differ between processes: all must take the same
+        # decision, or one would raise while the others wait in the next collective.
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        flag = finite.to(device=device, dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        finite = flag.bool()
     if not bool(finite):
         raise DivergedError(f"the weights are not finite at {where}, so they were not saved; the last saved "
                             "checkpoint is intact. Lower --learning_rate, or use --mixed_precision bf16 over fp16")
@@ -394,7 +425,8 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
     not prepared (`prepare_train_loader=False`): its dataset already splits work between
     processes. Returns the results written to train_results.json and eval_results.json.
     """
-    optimizer = build_optimizer(model, config)
+    deepspeed_plugin = accelerator.state.deepspeed_plugin
+    optimizer = build_optimizer(model, config, deepspeed_plugin.deepspeed_config if deepspeed_plugin else None)
     to_prepare = [model, optimizer, *eval_loaders.values()] + ([train_loader] if prepare_train_loader else [])
     model, optimizer, *prepared = accelerator.prepare(*to_prepare)
     if prepare_train_loader:

@@ -6,19 +6,25 @@ but the step count has to be checkpointed to resume it.
 """
 from __future__ import annotations
 
+import json
 import math
 
 import torch
+from accelerate.utils import DummyOptim
 from transformers.optimization import Adafactor
 
 from t5_training.config import TrainingConfig
+from t5_training.errors import UsageError
 
 
-def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
+                    deepspeed_config: dict | None = None) -> torch.optim.Optimizer | DummyOptim:
     """AdamW, AdamW with RMS-scaled steps, or Adafactor over the trainable parameters.
 
     Weight decay skips layer-norm scales and biases: decaying them towards zero changes what
-    the layer computes rather than regularizing it.
+    the layer computes rather than regularizing it. Under DeepSpeed (`deepspeed_config`, the
+    active plugin's config) the optimizer built here runs as ZeRO's client optimizer, unless
+    the config has an "optimizer" block: then DeepSpeed builds it (see `_deepspeed_optimizer`).
     """
     decay, no_decay = [], []
     for name, param in model.named_parameters():
@@ -28,6 +34,8 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.opt
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if deepspeed_config and "optimizer" in deepspeed_config:
+        return _deepspeed_optimizer(groups, config, deepspeed_config)
     if config.optim == "adamw_scale":
         return AdamWScale(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                           eps=config.adam_epsilon)
@@ -37,6 +45,48 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.opt
                          warmup_init=False)
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                              eps=config.adam_epsilon)
+
+
+def _deepspeed_optimizer(groups: list[dict], config: TrainingConfig, deepspeed_config: dict) -> DummyOptim:
+    """The placeholder accelerate requires when the DeepSpeed config defines the optimizer.
+
+    That is how ZeRO-Offload gets DeepSpeed's CPU Adam. accelerate fills the block's "auto" lr
+    from the placeholder, and DeepSpeed keeps our weight-decay groups. The flags must still
+    tell the truth about the run: the block has to be AdamW with the flags' betas and eps
+    (accelerate cannot fill "auto" for those two), and a "scheduler" block would fight the
+    script's own schedule, which sets the learning rate at every step.
+    """
+    if "scheduler" in deepspeed_config:
+        raise UsageError('the DeepSpeed config has a "scheduler" block, but --lr_scheduler_type schedules the '
+                         'learning rate here; remove the block')
+    if config.optim != "adamw_torch":
+        raise UsageError(f'--optim {config.optim} cannot run with a DeepSpeed config that has an "optimizer" block '
+                         "(DeepSpeed builds that optimizer); remove the block to run it as ZeRO's client optimizer, "
+                         "or pass --optim adamw_torch")
+    block = deepspeed_config["optimizer"]
+    params = block.get("params", {})
+    if str(block.get("type", "")).lower() not in ("adam", "adamw") or params.get("adam_w_mode") is False:
+        raise UsageError(f'--optim adamw_torch means AdamW, but the DeepSpeed config\'s optimizer is '
+                         f'{json.dumps(block.get("type"))}; use "type": "AdamW"')
+    # A key left out takes DeepSpeed's default, which would silently override the flag. The
+    # groups carry their own weight decay, so the block's weight_decay never applies.
+    flags = {"lr": (config.learning_rate, 1e-3, "--learning_rate"),
+             "betas": ([config.adam_beta1, config.adam_beta2], [0.9, 0.999], "--adam_beta1 --adam_beta2"),
+             "eps": (config.adam_epsilon, 1e-8, "--adam_epsilon")}
+    for key, (value, default, flag) in flags.items():
+        given = params.get(key, default)
+        if not (key == "lr" and given == "auto") and not _same_numbers(given, value):
+            raise UsageError(f'the DeepSpeed config\'s optimizer has "{key}": {json.dumps(given)} but {flag} '
+                             f'gives {json.dumps(value)}; make them agree ("auto" works for lr only)')
+    return DummyOptim(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+def _same_numbers(a, b) -> bool:
+    a, b = (list(x) if isinstance(x, (list, tuple)) else [x] for x in (a, b))
+    try:
+        return len(a) == len(b) and all(math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(a, b))
+    except (TypeError, ValueError):
+        return False
 
 
 class AdamWScale(torch.optim.Optimizer):

@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -28,6 +29,13 @@ def _make_step_dir(output_dir, name, complete=True):
             json.dump({"step": 0, "files": {"weights.bin": len(name)}}, f)
     return path
 
+
+
+def _make_shards(path):
+    os.makedirs(os.path.join(path, "pytorch_model"))
+    for i in range(2):
+        with open(os.path.join(path, "pytorch_model", f"shard_{i}.pt"), "w") as f:
+            f.write("12345")
 
 
 def _tiny_t5():
@@ -271,7 +279,7 @@ class SaveLoadTest(_TmpDirTest):
         with open(os.path.join(path, checkpoint.MANIFEST)) as f:
             manifest = json.load(f)
         self.assertEqual(manifest["step"], 7)
-        # The manifest lists everything else in the folder, with each file's size.
+        # The manifest lists every other file in the folder (subfolders included), with its size.
         self.assertEqual(sorted([*manifest["files"], checkpoint.MANIFEST]), files)
         for name, size in manifest["files"].items():
             self.assertEqual(os.path.getsize(os.path.join(path, name)), size)
@@ -282,6 +290,28 @@ class SaveLoadTest(_TmpDirTest):
                          (7, 1, 3, [2.5, 2.0]))
         self.assertTrue(checkpoint.is_complete(path))
         self.assertEqual(checkpoint.list_checkpoints(self.out), [path])
+
+    def test_manifest_of_an_earlier_version_lists_names_only(self):
+        path = _make_step_dir(self.root, "step-000001")
+        with open(os.path.join(path, checkpoint.MANIFEST), "w") as f:
+            json.dump({"step": 1, "files": ["weights.bin"]}, f)
+        self.assertTrue(checkpoint.is_complete(path))
+        os.remove(os.path.join(path, "weights.bin"))
+        self.assertFalse(checkpoint.is_complete(path))
+
+    def test_manifest_covers_files_in_subfolders(self):
+        # DeepSpeed writes its shards into a subfolder: a truncated shard must make the checkpoint incomplete.
+        accelerator, model, optimizer = self._accelerated(0)
+        with mock.patch.object(accelerator, "save_state", side_effect=lambda path: _make_shards(path)):
+            path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=3))
+        with open(os.path.join(path, checkpoint.MANIFEST)) as f:
+            files = json.load(f)["files"]
+        self.assertEqual(sorted(files), ["pytorch_model/shard_0.pt", "pytorch_model/shard_1.pt", "train_state.json"])
+        self.assertEqual(files["pytorch_model/shard_1.pt"], 5)
+        self.assertTrue(checkpoint.is_complete(path))
+        with open(os.path.join(path, "pytorch_model", "shard_1.pt"), "w") as f:
+            f.write("12")
+        self.assertFalse(checkpoint.is_complete(path))
 
     def test_save_replaces_same_step_and_stale_tmp(self):
         accelerator, model, optimizer = self._accelerated(0)
@@ -337,6 +367,13 @@ class SaveLoadTest(_TmpDirTest):
         with self.assertRaisesRegex(UsageError, r"checkpoint .*step-000001 could not be loaded .*damaged"):
             checkpoint.load_checkpoint(accelerator, path, TrainState())
         self.assertFalse(os.path.exists(marker))
+
+    def test_pickled_custom_objects_of_an_earlier_version_are_refused(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))
+        torch.save({"last_epoch": 1}, os.path.join(path, "custom_checkpoint_0.pkl"))
+        with self.assertRaisesRegex(UsageError, "pickled its scheduler .* not unpickled for safety"):
+            checkpoint.load_checkpoint(accelerator, path, TrainState())
 
     def test_garbled_file_is_one_clear_error(self):
         accelerator, model, optimizer = self._accelerated(0)

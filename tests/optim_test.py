@@ -6,10 +6,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import torch
 import transformers
+from accelerate.utils import DummyOptim
 from transformers.optimization import Adafactor
 
 from t5_training import optim
 from t5_training.config import TrainingConfig
+from t5_training.errors import UsageError
 
 
 def _tiny_t5():
@@ -252,6 +254,54 @@ class BuildOptimizerTest(parameterized.TestCase):
             optimizer.zero_grad()
             scheduler.step()
         self.assertSequenceAlmostEqual(lrs, [0.005, 0.01, 0.005, 0.0], places=15)
+
+
+def _ds_config(**optimizer_params):
+    """A DeepSpeed config whose "optimizer" block has these params (ZeRO-Offload's shape)."""
+    params = {"lr": "auto", "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": "auto", **optimizer_params}
+    return {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            "optimizer": {"type": "AdamW", "params": params}}
+
+
+class DeepSpeedOptimizerTest(parameterized.TestCase):
+
+    @parameterized.parameters("adamw_torch", "adafactor", "adamw_scale")
+    def test_without_an_optimizer_block_the_flag_runs_as_zeros_client_optimizer(self, name):
+        ds_config = {"zero_optimization": {"stage": 2}}
+        optimizer = optim.build_optimizer(torch.nn.Linear(3, 2), _config(optim=name), ds_config)
+        self.assertIsInstance(optimizer, torch.optim.Optimizer)
+
+    def test_an_optimizer_block_gets_a_dummy_with_the_flags_lr_and_weight_groups(self):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+        optimizer = optim.build_optimizer(model, _config(learning_rate=2e-4, weight_decay=0.1), _ds_config())
+        self.assertIsInstance(optimizer, DummyOptim)
+        self.assertEqual((optimizer.lr, optimizer.weight_decay), (2e-4, 0.1))
+        self.assertEqual([g["weight_decay"] for g in optimizer.params], [0.1, 0.0])
+        self.assertEqual([len(g["params"]) for g in optimizer.params], [1, 3])
+
+    @parameterized.named_parameters(
+        ("scheduler_block", {}, {"scheduler": {"type": "WarmupLR", "params": {}}}, "scheduler.*--lr_scheduler_type"),
+        ("other_optim_flag", {"optim": "adafactor"}, {}, "--optim adafactor cannot run.*--optim adamw_torch"),
+        ("other_type", {}, {"optimizer": {"type": "Lamb", "params": {}}}, '"Lamb"; use "type": "AdamW"'),
+        ("betas", {"adam_beta2": 0.98}, {},
+         r'"betas": \[0.9, 0.999\] but --adam_beta1 --adam_beta2 gives \[0.9, 0.98\]'),
+        ("betas_auto", {}, {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto"}}},
+         '"betas": "auto"'),
+        ("eps", {"adam_epsilon": 1e-6}, {}, '"eps": 1e-08 but --adam_epsilon gives 1e-06'),
+        ("lr_number", {"learning_rate": 1e-4}, {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}},
+         '"lr": 0.0003 but --learning_rate gives 0.0001'),
+        # Left out, lr takes DeepSpeed's default, which must not silently replace the flag.
+        ("lr_missing", {"learning_rate": 1e-4}, {"optimizer": {"type": "AdamW", "params": {}}}, '"lr": 0.001'),
+    )
+    def test_refused_with_one_line_naming_the_fix(self, flags, ds_overrides, message):
+        with self.assertRaisesRegex(UsageError, message) as raised:
+            optim.build_optimizer(torch.nn.Linear(3, 2), _config(**flags), {**_ds_config(), **ds_overrides})
+        self.assertNotIn("\n", str(raised.exception))
+
+    def test_numbers_equal_to_the_flags_are_accepted(self):
+        ds_config = _ds_config(lr=3e-4, betas=[0.9, 0.98], eps=1e-6)
+        config = _config(learning_rate=3e-4, adam_beta2=0.98, adam_epsilon=1e-6)
+        self.assertIsInstance(optim.build_optimizer(torch.nn.Linear(3, 2), config, ds_config), DummyOptim)
 
 
 if __name__ == "__main__":

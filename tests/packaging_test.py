@@ -41,6 +41,13 @@ class PackagingTest(absltest.TestCase):
         self.assertIn('-e ".[dev]"', first)
         self.assertIn("python demo.py", first)
 
+    def test_the_sweeps_engine_is_installed_the_same_way_by_readme_and_ci(self):
+        first = re.search(r"```bash\n(.*?)```", _read("README.md"), re.S).group(1).splitlines()[0]
+        pin = re.search(r"pip install --no-deps (sweeps==[\d.]+)", first).group(1)
+        self.assertIn(f"pip install --quiet --no-deps {pin}", _read(".ci/run"))
+        deps = tomllib.loads(_read("pyproject.toml"))["project"]["dependencies"]
+        self.assertContainsSubset({"jsonschema", "jsonref"}, {re.split(r"[<>=]", d)[0] for d in deps})
+
 
 if __name__ == "__main__":
     absltest.main()

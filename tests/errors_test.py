@@ -1,0 +1,47 @@
+"""Tests for t5_training.errors.run_cli: one line, the exit code, and the process group at exit."""
+import contextlib
+import io
+import socket
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import torch.distributed as dist
+
+from t5_training.errors import DivergedError, Preempted, UsageError, run_cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunCliTest(parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        # A one-process gloo group stands in for the group `accelerate launch` opens.
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        self.addCleanup(lambda: dist.is_initialized() and dist.destroy_process_group())
+
+    @parameterized.named_parameters(
+        # Every process stops after the same step: the group is closed, so that no process
+        # aborts at exit (exit code 134 instead of 75) over a group left open.
+        ("preempted", Preempted("saved"), 75, "preempted: saved", False),
+        ("diverged", DivergedError("nan"), 3, "diverged: nan", False),
+        # Bad input may stop one process while another waits in a collective, where closing hangs.
+        ("usage", UsageError("bad flag"), 2, "error: bad flag", True),
+    )
+    def test_exit_code_one_line_and_the_process_group(self, error, code, line, still_open):
+        def main(argv):
+            raise error
+
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            self.assertEqual(run_cli(main, []), code)
+        self.assertEqual(stderr.getvalue(), line + "\n")
+        self.assertEqual(dist.is_initialized(), still_open)
+
+
+if __name__ == "__main__":
+    absltest.main()
