@@ -11,8 +11,10 @@
 
     python benchmarks/pretraining_transfer.py       # ~35 min pretraining + ~20 min fine-tuning, 2 CPU cores
 
-Pretraining resumes (`--resume_from_checkpoint auto`), so a second run with the same
---output_dir reuses it and only fine-tunes. Prints a table and writes results.json.
+Pretraining resumes (`--resume_from_checkpoint auto`), and a fine-tuning run that finished
+is read back rather than repeated (runs are deterministic on CPU), so a second invocation
+with the same --output_dir and more --seeds only trains what is new. Prints a table and
+writes results.json.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def main() -> None:
     parser.add_argument("--train_rows", type=int, default=500, help="SST-2 training rows used to fine-tune")
     parser.add_argument("--fine_tune_steps", type=int, default=300)
     parser.add_argument("--learning_rates", type=float, nargs="+", default=[3e-4, 1e-3])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -72,7 +74,7 @@ def main() -> None:
         for seed in args.seeds:
             for name, model in models.items():
                 out = os.path.join(args.output_dir, f"sst2_{name.replace(' ', '_')}_lr{lr:g}_seed{seed}")
-                tuned = fine_tune_t5.main([
+                tuned = finished(out) or fine_tune_t5.main([
                     "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", os.path.join(DATA, "SST-2"),
                     "--tokenizer_name", tokenizer, *model, "--output_dir", out, "--overwrite_output_dir",
                     "--max_train_samples", str(args.train_rows), "--max_eval_samples", "0",
@@ -96,6 +98,15 @@ def main() -> None:
     print("\nat each model's best learning rate:")
     print(reporting.format_table(best))
     print(f"\ntook {time.perf_counter() - started:.0f} s")
+
+
+def finished(run_dir: str) -> dict | None:
+    """The results of a fine-tuning run that already finished in `run_dir`, if there is one."""
+    path = os.path.join(run_dir, "eval_results.json")
+    if not os.path.isfile(os.path.join(run_dir, "final", "model.safetensors")) or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return {"eval": json.load(f)}
 
 
 def summarize(runs: list[dict], name: str, lr: float) -> dict:

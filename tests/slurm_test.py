@@ -133,8 +133,10 @@ class SlurmJobTest(fixtures.TempDirTestCase):
         self._wait(job, log, lambda f: self._steps_done(log, 60) >= 2, "start training")
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, timeout=30)
         self._wait(job, log, lambda f: f["JobState"] == "PENDING" and f["Restarts"] == "1", "requeue itself")
-        # Slurm holds a requeued job back for two minutes (Reason=BeginTime); let it start now.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+        # Slurm holds a requeued job back for two minutes (Reason=BeginTime); let it start sooner,
+        # but not at once: restarted within about a second of being killed, the job is refused by
+        # slurmd ("Job credential revoked") and ends FAILED.
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+10"], check=True, timeout=30)
         self._wait_until_finished(job, log)
 
         text = self._log(log)
