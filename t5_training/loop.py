@@ -201,10 +201,11 @@ def _window_counts(accelerator, window: list[dict], stop_requested: bool) -> tor
 
 
 def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch.Tensor, max_grad_norm: float,
-                step: int) -> tuple[float, bool]:
+                step: int) -> tuple[float, bool, bool]:
     """One optimizer step over a window of micro-batches, skipped if the loss or gradients are not finite.
 
-    Returns (the token-mean loss, whether the step was applied). Reading the loss is the step's
+    Returns (the token-mean loss, whether the step was applied, whether any process asked to
+    stop, from the window's all-reduced counts). Reading these values together is the step's
     one host sync: skipping must be decided before the update. The decision is the same on
     every process because the loss and the gradient norm are both all-reduced values.
     """
@@ -229,7 +230,7 @@ def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch
     # so the decision below matches what DeepSpeed did and its optimizer.step() is a no-op.
     norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
     norm = torch.as_tensor(0.0 if norm is None else norm, device=loss.device)
-    loss_value, norm_value = torch.stack([loss.double(), norm.double()]).tolist()
+    loss_value, norm_value, stop_votes = torch.stack([loss.double(), norm.double(), counts[3]]).tolist()
     # With fp16, accelerate's GradScaler skips overflowing steps itself, and must see them to
     # lower its scale: only a non-finite loss is skipped here.
     bad_norm = not math.isfinite(norm_value) and accelerator.scaler is None
@@ -237,7 +238,7 @@ def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch
     if applied:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return (loss_value if applied else math.nan), applied
+    return (loss_value if applied else math.nan), applied, stop_votes > 0
 
 
 def train(
@@ -272,7 +273,7 @@ def train(
             started = time.perf_counter()
             window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
             counts = _window_counts(accelerator, window, preemption.received is not None)
-            loss, applied = _train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm,
+            loss, applied, any_stop = _train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm,
                                         state.step + 1)
             pending.append((loss, counts))
             scheduler.step()
@@ -287,8 +288,8 @@ def train(
             if at_end or (config.eval_steps and state.step % config.eval_steps == 0):
                 _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
                 stop = _evaluate(accelerator, config, model, state, evaluate, objective, export)
-            # counts[3] was all-reduced with the step's token counts, so every process agrees.
-            preempted = counts[3].item() > 0 if accelerator.num_processes > 1 else preemption.received is not None
+            # The stop votes were all-reduced with the window's token counts, so every process agrees.
+            preempted = any_stop if accelerator.num_processes > 1 else preemption.received is not None
             if at_end or stop or preempted or (config.save_steps and state.step % config.save_steps == 0):
                 _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
                 path = _save(accelerator, config, model, scheduler, state)
