@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
 
 from accelerate.utils import set_seed
 
@@ -37,6 +38,13 @@ class FineTuneConfig(ModelConfig, TrainingConfig):
     max_target_length: int = 64
     max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N rows; 0 means all."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use the first N rows; 0 means all."})
+    group_by_length: bool = field(default=False, metadata={"help": "Batch rows of similar length together, "
+                                                                     "so dynamic padding pads little."})
+    eval_decoding: Literal["auto", "generate", "score"] = field(
+        default="auto", metadata={"help": "'score': one forward pass over the label candidates, with greedy "
+                                          "decoding's exact predictions (classification); 'auto': score "
+                                          "where it applies, else generate."}
+    )
     project_name: str = field(default="t5-fine-tune", metadata={"help": "Tracker (W&B) project."})
 
     def __post_init__(self):
@@ -57,17 +65,20 @@ def main(argv: list[str] | None = None) -> dict:
     resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
                                               config.resume_from_checkpoint)
     accelerator = loop.build_accelerator(config)
+    decoding = evaluation.resolve_decoding(config.eval_decoding, entry, accelerator)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
 
     with accelerator.main_process_first():
         task = data.build_task_data(entry, config, tokenizer, accelerator.print)
-    train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, model.config.decoder_start_token_id)
+    start_id = model.config.decoder_start_token_id
+    config = loop.find_batch_size(accelerator, config, model, data.make_longest_batch(task, tokenizer, start_id))
+    train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id)
 
     def make_evaluate(prepared_eval_loaders):
         return evaluation.make_generation_evaluator(accelerator, entry, task, prepared_eval_loaders, tokenizer,
-                                                    config.output_dir)
+                                                    config.output_dir, decoding, config.max_target_length)
 
     return loop.fit(accelerator, config, model, tokenizer, train_loader, eval_loaders, make_evaluate=make_evaluate,
                     objective=loop.Objective(entry.metric_to_optimize, entry.greater_is_better),

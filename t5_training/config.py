@@ -68,6 +68,12 @@ class TrainingConfig:
         default="auto", metadata={"help": "'auto': bf16 on a GPU that has it, fp32 (no) on CPU."}
     )
     dataloader_num_workers: int = 0
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    torch_compile_backend: str = field(default="inductor", metadata={"help": "torch.compile backend."})
+    auto_find_batch_size: bool = field(
+        default=False, metadata={"help": "Halve the per-device batch until a worst-case step fits in memory, "
+                                         "raising accumulation so the global batch stays the same."}
+    )
 
     def __post_init__(self):
         positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
@@ -95,6 +101,10 @@ class ModelConfig:
     tokenizer_name: str | None = field(default=None, metadata={"help": "Defaults to --model_name_or_path."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Run code shipped with a hub model."})
     dropout_rate: float | None = field(default=None, metadata={"help": "Overrides the model config's dropout."})
+    freeze_encoder: bool = field(default=False, metadata={"help": "Train no encoder weights."})
+    freeze_decoder: bool = field(default=False, metadata={"help": "Train no decoder weights."})
+    freeze_embeddings: bool = field(default=False, metadata={"help": "Train neither the token embeddings nor "
+                                                                     "the output layer."})
 
 
 class _Parser(HfArgumentParser):

@@ -11,7 +11,7 @@ import csv
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import datasets
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 
 from constants import LocalFiles, PackageCorpus, TaskEntry
 from t5_training.errors import UsageError
+from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
 from t5_training.tasks import make_formatter, make_label_normalizer, required_columns
 
 # Tensor cores and CPU vector units work on multiples of 8; padding further wastes compute.
@@ -247,32 +248,6 @@ def _pad(sequences: list[list[int]], value: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-class EpochShuffleSampler(torch.utils.data.Sampler[int]):
-    """A permutation of the dataset that depends only on (seed, epoch).
-
-    Resuming needs the order of a past epoch again, so the permutation is a pure function of
-    the epoch number, and it draws from its own generator, leaving the global RNG (dropout)
-    untouched: an interrupted run sees exactly the batches an uninterrupted one would.
-    """
-
-    def __init__(self, length: int, seed: int):
-        self.length = length
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self) -> Iterator[int]:
-        # Mix seed and epoch so that seed 43 at epoch 0 is not seed 42 at epoch 1.
-        mixed = np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(mixed))
-        return iter(torch.randperm(self.length, generator=generator).tolist())
-
-
 def model_columns(ds: datasets.Dataset) -> datasets.Dataset:
     """The columns a batch is built from; the text columns stay behind for reports."""
     return ds.select_columns([c for c in ("input_ids", "labels", "idx") if c in ds.column_names])
@@ -324,15 +299,43 @@ def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int
     """The shuffled training loader and one ordered loader per eval split."""
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id)
     train = model_columns(task.train)
+    if config.group_by_length:
+        # Encoder inputs dominate the cost (and the padding) of a text-to-text batch.
+        lengths = [len(ids) for ids in train["input_ids"]]
+        sampler = LengthGroupedSampler(lengths, config.per_device_train_batch_size, config.seed)
+    else:
+        sampler = EpochShuffleSampler(len(train), config.seed)
+    workers = loader_workers(config)
     train_loader = torch.utils.data.DataLoader(
-        train, batch_size=config.per_device_train_batch_size, sampler=EpochShuffleSampler(len(train), config.seed),
-        collate_fn=collate, num_workers=config.dataloader_num_workers,
+        train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=collate, **workers,
         # Its own generator: creating an iterator then draws from it, not from the global RNG.
         generator=torch.Generator().manual_seed(config.seed),
     )
     eval_loaders = {
         split: torch.utils.data.DataLoader(model_columns(ds), batch_size=config.per_device_eval_batch_size,
-                                           collate_fn=collate, num_workers=config.dataloader_num_workers)
+                                           collate_fn=collate, **workers)
         for split, ds in task.evals.items()
     }
     return train_loader, eval_loaders
+
+
+def make_longest_batch(task: TaskData, tokenizer, decoder_start_token_id: int):
+    """`n -> batch` of n rows as long as the longest training input and target: the costliest step."""
+    train = task.train
+    source = max(train["input_ids"], key=len)
+    target = max(train["labels"], key=len)
+    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id)
+    return lambda n: collate([{"input_ids": source, "labels": target}] * n)
+
+
+def loader_workers(config, persistent: bool = True) -> dict:
+    """DataLoader arguments for `--dataloader_num_workers`, with pinned memory when batches go to a GPU.
+
+    Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; on a CPU-only
+    machine it would only cost time. Workers stay alive across epochs (`persistent`), since
+    starting them again each epoch costs a fork and a re-import per worker; a stream that is
+    told its epoch through its dataset needs fresh workers, which copy the dataset anew.
+    """
+    workers = config.dataloader_num_workers
+    return {"num_workers": workers, "pin_memory": torch.cuda.is_available(),
+            "persistent_workers": persistent and workers > 0}

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from accelerate.utils import DistributedType
+from transformers.modeling_outputs import BaseModelOutput
 
-from t5_training.tasks import make_scorer, metric_key
+from t5_training.data import shift_right
+from t5_training.errors import UsageError
+from t5_training.tasks import make_scorer, metric_key, target_text
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,9 @@ def teacher_forced_row_stats(model, batch: dict) -> tuple[torch.Tensor, torch.Te
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    decoder_input_ids=batch["decoder_input_ids"]).logits
     labels = batch["labels"]
-    loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none").sum(dim=1)
-    valid = labels != -100
-    correct = ((logits.argmax(dim=-1) == labels) & valid).sum(dim=1)
-    return loss, valid.sum(dim=1), correct
+    loss, tokens = _row_loss(logits, labels)
+    correct = ((logits.argmax(dim=-1) == labels) & (labels != -100)).sum(dim=1)
+    return loss, tokens, correct
 
 
 def make_teacher_forced_evaluator(accelerator, loader):
@@ -50,21 +52,110 @@ def make_teacher_forced_evaluator(accelerator, loader):
     return evaluate
 
 
-def decode_split(accelerator, model, loader, tokenizer, num_rows: int, max_new_tokens: int) -> SplitPredictions:
+def _is_zero3(accelerator) -> bool:
+    return (accelerator.distributed_type == DistributedType.DEEPSPEED
+            and accelerator.state.deepspeed_plugin.zero_stage == 3)
+
+
+def resolve_decoding(requested: str, entry, accelerator) -> str:
+    """`--eval_decoding`: 'score' for classification (where it gives greedy's exact predictions), else 'generate'."""
+    # Under ZeRO-3 every process must run the same forward passes, which generation already
+    # arranges (synced_gpus) and the scorer's fallback to generation would not.
+    scorable = entry.kind == "classification" and not _is_zero3(accelerator)
+    if requested == "score" and not scorable:
+        why = "under ZeRO-3" if entry.kind == "classification" else f"for a {entry.kind} task"
+        raise UsageError(f"--eval_decoding score scores label candidates, which does not work {why}; "
+                         "use --eval_decoding generate (or auto)")
+    if requested == "auto":
+        return "score" if scorable else "generate"
+    return requested
+
+
+def label_candidates(entry, tokenizer, max_target_length: int) -> torch.Tensor:
+    """(labels, longest) token ids of every label word as the model is trained on it, with EOS, padded with -100."""
+    ids = [tokenizer(target_text(entry, k), add_special_tokens=True)["input_ids"]
+           for k in range(len(entry.label_words))]
+    ids = [row if len(row) <= max_target_length else row[: max_target_length - 1] + [tokenizer.eos_token_id]
+           for row in ids]
+    out = torch.full((len(ids), max(map(len, ids))), -100, dtype=torch.long)
+    for k, row in enumerate(ids):
+        out[k, : len(row)] = torch.tensor(row)
+    return out
+
+
+class GreedyDecoder:
+    """Greedy predictions and teacher-forced loss of a batch, by generation or by scoring label candidates.
+
+    The encoder runs once per batch; the loss's decoder pass, and generation or scoring, reuse
+    its output. Scoring runs the decoder once over every candidate, teacher-forced. Greedy
+    decoding produces candidate c exactly when, at every position of c, c's next token is the
+    argmax given c's prefix, and the logits of that one pass hold every such argmax. So a row
+    whose argmaxes follow a candidate all the way (EOS included) gets that candidate, which is
+    what generation returns. The rows that follow no candidate (an untrained model, or a label
+    spelt with other tokens) are generated, so predictions always equal greedy generation's;
+    only the time differs.
+    """
+
+    def __init__(self, accelerator, tokenizer, max_new_tokens: int, candidates: torch.Tensor | None = None):
+        self.accelerator = accelerator
+        self.pad = tokenizer.pad_token_id
+        self.max_new_tokens = max_new_tokens
+        self.candidates = None if candidates is None else candidates.to(accelerator.device)
+        self.generated_rows = 0
+
+    def __call__(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(predicted token ids padded with the pad id, per-row summed target loss, per-row target tokens)."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        mask = batch["attention_mask"]
+        encoded = unwrapped.get_encoder()(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
+        logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,
+                           decoder_input_ids=batch["decoder_input_ids"]).logits
+        row_loss, row_tokens = _row_loss(logits, batch["labels"])
+        everything = torch.ones(len(mask), dtype=torch.bool, device=mask.device)
+        if self.candidates is None:
+            return self._generate(unwrapped, encoded, mask, everything), row_loss, row_tokens
+
+        (k, width), rows = self.candidates.shape, len(mask)
+        labels = self.candidates.repeat(rows, 1)
+        logits = unwrapped(encoder_outputs=(encoded.repeat_interleave(k, dim=0),),
+                           attention_mask=mask.repeat_interleave(k, dim=0),
+                           decoder_input_ids=shift_right(labels, unwrapped.config.decoder_start_token_id,
+                                                         self.pad)).logits
+        follows = ((logits.argmax(dim=-1) == labels) | (labels == -100)).all(dim=-1).view(rows, k)
+        chosen = self.candidates[follows.int().argmax(dim=1)]
+        predicted = chosen.masked_fill(chosen == -100, self.pad)
+        unmatched = ~follows.any(dim=1)
+        if not unmatched.any():
+            return predicted, row_loss, row_tokens
+        generated = self._generate(unwrapped, encoded, mask, unmatched)
+        width = max(width, generated.size(1))
+        predicted = F.pad(predicted, (0, width - predicted.size(1)), value=self.pad)
+        predicted[unmatched] = F.pad(generated, (0, width - generated.size(1)), value=self.pad)
+        return predicted, row_loss, row_tokens
+
+    def _generate(self, unwrapped, encoded: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        self.generated_rows += int(rows.sum())
+        generated = unwrapped.generate(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoded[rows]), attention_mask=mask[rows],
+            max_new_tokens=self.max_new_tokens, num_beams=1, do_sample=False,
+            # Under ZeRO-3 every process must run the same number of forward passes.
+            synced_gpus=_is_zero3(self.accelerator),
+        )
+        return generated[:, 1:]  # without the decoder start token
+
+
+def _row_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none").sum(dim=1)
+    return loss, (labels != -100).sum(dim=1)
+
+
+def decode_split(accelerator, model, loader, tokenizer, num_rows: int, decoder: GreedyDecoder) -> SplitPredictions:
     """Greedy predictions for every row of a split (in row order) and the teacher-forced loss."""
-    unwrapped = accelerator.unwrap_model(model)
-    # Under ZeRO-3 every process must run the same number of forward passes while generating.
-    zero3 = (accelerator.distributed_type == DistributedType.DEEPSPEED
-             and accelerator.state.deepspeed_plugin.zero_stage == 3)
     predictions: list[str | None] = [None] * num_rows
     loss_sum, token_count = 0.0, 0
     with torch.no_grad(), accelerator.autocast():
         for batch in loader:
-            row_loss, row_tokens, _ = teacher_forced_row_stats(model, batch)
-            generated = unwrapped.generate(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, synced_gpus=zero3,
-            )
+            generated, row_loss, row_tokens = decoder(model, batch)
             generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
             idx, generated, row_loss, row_tokens = accelerator.gather_for_metrics(
                 (batch["idx"], generated, row_loss, row_tokens)
@@ -89,8 +180,12 @@ def write_predictions(path: str, sources, predictions, targets) -> None:
     os.replace(tmp, path)
 
 
-def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, tokenizer, output_dir: str):
-    """`evaluate(model) -> {metric key: value}` for every eval split of a task.
+def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, tokenizer, output_dir: str,
+                              decoding: str = "generate", max_target_length: int = 512):
+    """`evaluate(model) -> {metric key: value}` for every eval split of a task, decoding greedily.
+
+    `decoding` is 'generate' or 'score' (see `GreedyDecoder`; `resolve_decoding` picks it),
+    with label candidates cut to `max_target_length` as the training targets are.
 
     Keys follow `tasks.metric_key` ("accuracy", or "validation_matched/accuracy" when a task
     has several eval splits), plus the split's teacher-forced "loss". Each call also rewrites
@@ -106,11 +201,14 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
             sources[i], targets[i] = source, target
         texts[split] = (sources, targets)
 
+    candidates = label_candidates(entry, tokenizer, max_target_length) if decoding == "score" else None
+    decoder = GreedyDecoder(accelerator, tokenizer, task.max_target_tokens, candidates)
+
     def evaluate(model) -> dict:
         results = {}
         for split, loader in eval_loaders.items():
             sources, targets = texts[split]
-            out = decode_split(accelerator, model, loader, tokenizer, len(sources), task.max_target_tokens)
+            out = decode_split(accelerator, model, loader, tokenizer, len(sources), decoder)
             for name, value in score(out.predictions, targets).items():
                 results[metric_key(entry, split, name)] = value
             results[metric_key(entry, split, "loss")] = out.loss

@@ -18,22 +18,24 @@ import os
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin,
-                             InitProcessGroupKwargs)
+                             InitProcessGroupKwargs, TorchDynamoPlugin, find_executable_batch_size)
 from tqdm.auto import tqdm
 
 from t5_training import checkpoint, reporting
 from t5_training.config import TrainingConfig, config_for_trackers
 from t5_training.errors import DivergedError, Preempted, UsageError
 from t5_training.interrupts import PreemptionHandler, kill_point
+from t5_training.modeling import model_summary
 from t5_training.optim import build_optimizer, build_scheduler
 
 EvaluateFn = Callable[[torch.nn.Module], dict]
+C = TypeVar("C", bound=TrainingConfig)
 ExportFn = Callable[[torch.nn.Module, str], None]
 
 
@@ -101,6 +103,11 @@ def build_accelerator(config: TrainingConfig) -> Accelerator:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         if deepspeed:
             os.environ["ACCELERATE_USE_CPU"] = "false"
+    if torch.cuda.is_available():
+        # TF32 tensor cores for fp32 matmuls: about 8x the fp32 rate at a 10-bit mantissa,
+        # which training tolerates (the weights and their updates stay fp32).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     precision = resolve_mixed_precision(config.mixed_precision)
     accelerator = Accelerator(
         cpu=on_cpu and not deepspeed,
@@ -115,6 +122,7 @@ def build_accelerator(config: TrainingConfig) -> Accelerator:
         project_dir=config.output_dir,
         # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
+        dynamo_plugin=_dynamo_plugin(config),
     )
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -126,6 +134,19 @@ def build_accelerator(config: TrainingConfig) -> Accelerator:
         accelerator.print("warning: fp16 overflows in T5's feed-forward layers and tends to give NaN losses; "
                           "prefer --mixed_precision bf16")
     return accelerator
+
+
+def _dynamo_plugin(config: TrainingConfig) -> TorchDynamoPlugin | None:
+    """`--torch_compile`: accelerate compiles the model in `prepare` and unwraps it for saving."""
+    if not config.torch_compile:
+        return None
+    try:
+        # Padded lengths vary from batch to batch: compile for symbolic shapes at once rather
+        # than recompiling for every new length.
+        return TorchDynamoPlugin(backend=config.torch_compile_backend, dynamic=True)
+    except (ValueError, KeyError):
+        raise UsageError(f"--torch_compile_backend {config.torch_compile_backend!r} is not a torch.compile backend; "
+                         "use inductor (the default) or aot_eager") from None
 
 
 def _launched_distributed() -> bool:
@@ -157,6 +178,63 @@ def forward_loss_sum(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    decoder_input_ids=batch["decoder_input_ids"]).logits
     return token_cross_entropy_sum(logits, batch["labels"])
+
+
+def find_batch_size(accelerator: Accelerator, config: C, model: torch.nn.Module,
+                    make_batch: Callable[[int], dict]) -> C:
+    """`--auto_find_batch_size`: the config with the largest per-device batch whose worst-case step fits.
+
+    `make_batch(n)` builds a batch of n rows of the longest lengths the run will see. Tried
+    sizes step down through the divisors of --per_device_train_batch_size (accelerate's
+    `find_executable_batch_size` with that schedule), and the accumulation steps grow by the
+    same factor, so the global batch and the training arithmetic stay exactly the same. The
+    probe reserves room for the optimizer state (which the first step allocates), draws no
+    random numbers from the run's generators, and every process agrees on the smallest size.
+    """
+    start = config.per_device_train_batch_size
+    if not config.auto_find_batch_size:
+        return config
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        # DeepSpeed fixes its micro-batch and accumulation when the engine is built.
+        raise UsageError("--auto_find_batch_size does not work under DeepSpeed; set --per_device_train_batch_size "
+                         "and --gradient_accumulation_steps yourself (python -m t5_training.memory estimates them)")
+    divisors = [d for d in range(start, 0, -1) if start % d == 0]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    # AdamW's two fp32 moments per weight; Adafactor's factored state is small enough to ignore.
+    state_numel = 0 if config.optim == "adafactor" else 2 * sum(p.numel() for p in trainable)
+    model.to(accelerator.device)
+
+    @find_executable_batch_size(starting_batch_size=start,
+                                reduce_batch_size_fn=lambda: divisors.pop(1) if len(divisors) > 1 else 0)
+    def probe(batch_size: int) -> int:
+        reserve = torch.ones(state_numel, device=accelerator.device)  # ones: a CPU allocation must touch its pages
+        try:
+            batch = {k: v.to(accelerator.device) for k, v in make_batch(batch_size).items()}
+            with accelerator.autocast():
+                forward_loss_sum(model, batch).backward()
+        finally:
+            del reserve
+            model.zero_grad(set_to_none=True)
+        return batch_size
+
+    forked = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=forked):
+        try:
+            found = probe()
+        except RuntimeError as err:
+            if "No executable batch size" not in str(err):
+                raise
+            raise UsageError("even a batch of 1 at the longest lengths runs out of memory: lower "
+                             "--max_source_length/--max_target_length, or add --gradient_checkpointing") from None
+    found = int(accelerator.gather(torch.tensor([found], device=accelerator.device)).min())
+    if found == start:
+        return config
+    factor = start // found
+    accumulation = config.gradient_accumulation_steps * factor
+    accelerator.gradient_accumulation_steps = accumulation
+    accelerator.print(f"--auto_find_batch_size: {start} rows per device do not fit; training with {found} rows and "
+                      f"--gradient_accumulation_steps {accumulation}, the same global batch")
+    return dataclasses.replace(config, per_device_train_batch_size=found, gradient_accumulation_steps=accumulation)
 
 
 def _micro_batches(accelerator: Accelerator, loader, state: TrainState) -> Iterator[dict]:
@@ -426,7 +504,12 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
     not prepared (`prepare_train_loader=False`): its dataset already splits work between
     processes. Returns the results written to train_results.json and eval_results.json.
     """
+    accelerator.print(model_summary(model))
     deepspeed_plugin = accelerator.state.deepspeed_plugin
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        # On the device before the optimizer is built, so that AdamW can use its fused GPU
+        # kernel; `prepare` would move it anyway. DeepSpeed and FSDP place shards themselves.
+        model.to(accelerator.device)
     optimizer = build_optimizer(model, config, deepspeed_plugin.deepspeed_config if deepspeed_plugin else None)
     to_prepare = [model, optimizer, *eval_loaders.values()] + ([train_loader] if prepare_train_loader else [])
     model, optimizer, *prepared = accelerator.prepare(*to_prepare)

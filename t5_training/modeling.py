@@ -62,8 +62,64 @@ def load_tokenizer_and_model(config):
     model = load_model(config.model_name_or_path, config.config_name, tokenizer,
                        trust_remote_code=config.trust_remote_code, overrides=overrides)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # Non-reentrant checkpointing: the reentrant kind sees no gradient-carrying input when
+        # the embeddings are frozen and silently trains nothing below the first block.
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    freeze(model, encoder=config.freeze_encoder, decoder=config.freeze_decoder, embeddings=config.freeze_embeddings)
     return tokenizer, model
+
+
+def _components(model) -> dict[str, list]:
+    """Parameters by component: embeddings (shared and, when untied, the output layer), encoder, decoder.
+
+    The shared embedding is listed once, under embeddings, although the encoder and the decoder
+    (and a tied output layer) all use it.
+    """
+    embeddings = {id(model.get_input_embeddings().weight)}
+    output = model.get_output_embeddings()
+    if output is not None:
+        embeddings.add(id(output.weight))
+    parts = {"embeddings": [], "encoder": [], "decoder": [], "other": []}
+    seen = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        if id(param) in embeddings:
+            part = "embeddings"
+        else:
+            part = next((p for p in ("encoder", "decoder") if name.startswith(f"{p}.")), "other")
+        parts[part].append(param)
+    return parts
+
+
+def freeze(model, *, encoder: bool = False, decoder: bool = False, embeddings: bool = False) -> None:
+    """Turns off gradients for whole components (see `_components`); the optimizer then skips them."""
+    parts = _components(model)
+    for part, frozen in (("encoder", encoder), ("decoder", decoder), ("embeddings", embeddings)):
+        for param in parts[part] if frozen else ():
+            param.requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UsageError("every weight is frozen, so there is nothing to train: drop one of --freeze_encoder, "
+                         "--freeze_decoder, --freeze_embeddings")
+
+
+def model_summary(model) -> str:
+    """Parameters and bytes per component, total and trainable: printed when a run starts."""
+    rows = []
+    totals = [0, 0, 0]
+    for part, params in _components(model).items():
+        if not params:
+            continue
+        count = sum(p.numel() for p in params)
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        size = sum(p.numel() * p.element_size() for p in params)
+        totals = [totals[0] + count, totals[1] + trainable, totals[2] + size]
+        rows.append((part, count, trainable, size))
+    rows.append(("total", *totals))
+    lines = [f"{'component':<11}{'params':>14}{'trainable':>14}{'MiB':>10}"]
+    lines += [f"{part:<11}{count:>14,}{trainable:>14,}{size / 2**20:>10.1f}" for part, count, trainable, size in rows]
+    return "\n".join(lines)
 
 
 def check_lengths(model, **lengths: int) -> None:

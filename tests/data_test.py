@@ -397,57 +397,5 @@ class CollatorTest(parameterized.TestCase):
         self.assertEqual(labels.tolist(), [[11, 12, 13, 1], [21, 1, -100, -100]])  # not modified
 
 
-class SamplerTest(parameterized.TestCase):
-
-    def _order(self, seed, epoch, length=50):
-        sampler = data.EpochShuffleSampler(length, seed)
-        sampler.set_epoch(epoch)
-        return list(sampler)
-
-    def test_same_seed_and_epoch_same_order(self):
-        self.assertEqual(self._order(42, 3), self._order(42, 3))
-
-    def test_epochs_differ(self):
-        orders = [tuple(self._order(42, epoch)) for epoch in range(5)]
-        self.assertLen(set(orders), 5)
-
-    def test_seeds_differ(self):
-        self.assertNotEqual(self._order(1, 0), self._order(2, 0))
-
-    @parameterized.named_parameters(("fifty", 50), ("one", 1), ("odd", 37))
-    def test_permutation(self, length):
-        sampler = data.EpochShuffleSampler(length, seed=0)
-        self.assertLen(sampler, length)
-        for epoch in range(3):
-            sampler.set_epoch(epoch)
-            self.assertEqual(sorted(sampler), list(range(length)))
-
-    def test_order_is_not_identity(self):
-        self.assertNotEqual(self._order(42, 0), list(range(50)))
-
-    def test_global_rng_untouched(self):
-        torch.manual_seed(123)
-        before = torch.get_rng_state()
-        sampler = data.EpochShuffleSampler(1000, seed=7)
-        for epoch in range(3):
-            sampler.set_epoch(epoch)
-            list(sampler)
-        self.assertTrue(torch.equal(torch.get_rng_state(), before))
-        expected = torch.rand(3)
-        torch.manual_seed(123)
-        self.assertTrue(torch.equal(torch.rand(3), expected))
-
-    def test_resume_replays_an_epoch(self):
-        # A sampler created fresh (after a restart) at epoch 2 gives what the running one gave.
-        running = data.EpochShuffleSampler(30, seed=5)
-        seen = []
-        for epoch in range(3):
-            running.set_epoch(epoch)
-            seen.append(list(running))
-        fresh = data.EpochShuffleSampler(30, seed=5)
-        fresh.set_epoch(2)
-        self.assertEqual(list(fresh), seen[2])
-
-
 if __name__ == "__main__":
     absltest.main()

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import fine_tune_t5
 from t5_training import loop
 from t5_training.config import TrainingConfig
-from t5_training.errors import DivergedError, run_cli
+from t5_training.errors import DivergedError, UsageError, run_cli
 from tests import fixtures
 
 
@@ -121,9 +121,6 @@ class ObjectiveTest(parameterized.TestCase):
         self.assertEqual(loop.Objective("m", greater).improved(value, best), expected)
 
 
-if __name__ == "__main__":
-    absltest.main()
-
 
 def _nan_on_steps(steps: set, accumulation: int = 1):
     """A forward_loss_sum that returns NaN on the micro-batches of the given (1-based) optimizer steps."""
@@ -194,3 +191,81 @@ class NonFiniteGuardTest(absltest.TestCase):
             with self.assertRaisesRegex(DivergedError, "not finite at step 3, so they were not saved"):
                 loop._save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
             self.assertEqual(os.listdir(out), [])
+
+
+def _tiny_model():
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+    torch.manual_seed(0)
+    return AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(fixtures.TINY_CONFIG))
+
+
+def _rows(n, source, target):
+    ids = torch.full((n, source), 5)
+    labels = torch.full((n, target), 6)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
+            "decoder_input_ids": torch.full((n, target), 0)}
+
+
+class FindBatchSizeTest(absltest.TestCase):
+    # Beyond `fits` rows the batch is 2**17 tokens long: its first length x length tensor (the
+    # relative positions, 128 GiB) is one allocation larger than any machine here, so the CPU
+    # allocator refuses it at once (no mock), as it refuses a too-large batch.
+
+    def _make_batch(self, fits):
+        return lambda n: _rows(n, 16, 4) if n <= fits else _rows(n, 2 ** 17, 4)
+
+    def test_steps_down_through_divisors_keeping_the_global_batch(self):
+        from accelerate import Accelerator
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        config = TrainingConfig(per_device_train_batch_size=12, gradient_accumulation_steps=2,
+                                auto_find_batch_size=True)
+        model = _tiny_model()
+        before = torch.get_rng_state()
+        found = loop.find_batch_size(accelerator, config, model, self._make_batch(fits=5))
+        # 12 -> 6 -> 4: the largest divisor of 12 that fits 5.
+        self.assertEqual((found.per_device_train_batch_size, found.gradient_accumulation_steps), (4, 6))
+        self.assertEqual(accelerator.gradient_accumulation_steps, 6)
+        self.assertEqual(config.per_device_train_batch_size, 12)  # a new config; the old one is untouched
+        self.assertTrue(torch.equal(torch.get_rng_state(), before), "the probe drew from the global RNG")
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+
+    def test_off_or_fitting_returns_the_same_config(self):
+        from accelerate import Accelerator
+        accelerator = Accelerator(cpu=True)
+        for config in (TrainingConfig(per_device_train_batch_size=64),
+                       TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)):
+            self.assertIs(loop.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=4)), config)
+
+    def test_nothing_fits_is_one_line(self):
+        from accelerate import Accelerator
+        config = TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)
+        with self.assertRaisesRegex(UsageError, "even a batch of 1.*--gradient_checkpointing"):
+            loop.find_batch_size(Accelerator(cpu=True), config, _tiny_model(), self._make_batch(fits=0))
+
+    def test_run_with_the_flag_equals_run_without_when_the_batch_fits(self):
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            _run(a, "--max_steps", "3", "--save_steps", "3")
+            _run(b, "--max_steps", "3", "--save_steps", "3", "--auto_find_batch_size")
+            self.assertEqual(_losses(a), _losses(b))
+
+
+class TorchCompileTest(absltest.TestCase):
+    def test_compiled_run_matches_eager(self):
+        # aot_eager traces and differentiates the graph as inductor does, without the C++
+        # compile time; inductor itself runs in benchmarks/.
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            common = ["--max_steps", "3", "--save_steps", "3", "--dropout_rate", "0"]
+            _run(a, *common)
+            _run(b, *common, "--torch_compile", "--torch_compile_backend", "aot_eager")
+            for x, y in zip(_losses(a), _losses(b)):
+                self.assertAlmostEqual(x, y, delta=1e-4 * abs(x))
+            self.assertEqual(_weights(a).keys(), _weights(b).keys())  # saved without a compile wrapper's prefix
+
+    def test_unknown_backend_is_one_line(self):
+        with tempfile.TemporaryDirectory() as out:
+            with self.assertRaisesRegex(UsageError, "--torch_compile_backend 'nope' is not"):
+                _run(out, "--max_steps", "1", "--torch_compile", "--torch_compile_backend", "nope")
+
+
+if __name__ == "__main__":
+    absltest.main()

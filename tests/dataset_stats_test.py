@@ -1,0 +1,205 @@
+"""Tests of t5_training.dataset_stats: exact numbers on files of known token lengths, the
+suggestion rule, the histogram, real SST-2, the PNG and JSON outputs, and bad input."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from t5_training import data, dataset_stats
+from t5_training.errors import UsageError, run_cli
+from t5_training.modeling import load_tokenizer
+from t5_training.tasks import get_entry
+from tests.fixtures import SST2_DIR, TempDirTestCase, sst2_tokenizer_dir
+
+# With the SST-2 tokenizer, "sst2 sentence: the the ... the" (k words) is ▁s st 2 ▁sentence : ,
+# k times ▁the, then </s>: 6 + k tokens; a label word is one token plus </s>.
+PREFIX_AND_EOS = 6
+
+
+def run(argv: list[str]) -> tuple[dict, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        stats = dataset_stats.main(argv)
+    return stats, out.getvalue()
+
+
+class KnownLengthsTest(TempDirTestCase):
+    """100 rows; row k (1..100) holds k words "the", so its source has 6 + k tokens (7..106)."""
+
+    def setUp(self):
+        super().setUp()
+        self.file = os.path.join(self.dir, "dev.jsonl")
+        with open(self.file, "w", encoding="utf-8") as f:
+            for k in range(1, 101):
+                f.write(json.dumps({"sentence": " ".join(["the"] * k), "label": k % 2}) + "\n")
+        self.args = ["--validation_file", self.file, "--tokenizer_name", sst2_tokenizer_dir()]
+
+    def test_tokenizer_counts_as_the_golden_lengths_say(self):
+        tokenizer = load_tokenizer(sst2_tokenizer_dir())
+        self.assertEqual([len(ids) for ids in tokenizer(["sst2 sentence: the", "sst2 sentence: the the the",
+                                                         "negative", "positive"])["input_ids"]],
+                         [PREFIX_AND_EOS + 1, PREFIX_AND_EOS + 3, 2, 2])
+
+    def test_percentiles_and_truncation(self):
+        # Planned source length 86 = 6 + 80: rows k = 81..100 are cut, 20 of 100.
+        stats, text = run([*self.args, "--max_source_length", "86", "--max_target_length", "2"])
+        self.assertEqual(list(stats["splits"]), ["validation"])
+        source = stats["splits"]["validation"]["source"]
+        self.assertEqual({k: source[k] for k in ("rows", "min", "p50", "p90", "p95", "p99", "max")},
+                         {"rows": 100, "min": 7, "p50": 56, "p90": 96, "p95": 101, "p99": 105, "max": 106})
+        self.assertEqual(source["mean"], 56.5)
+        self.assertEqual((source["truncated_rows"], source["truncated_percent"]), (20, 20.0))
+        # The longest row (106) is short: keep it whole, rounded up to 112; nothing is cut.
+        self.assertEqual((source["suggested_length"], source["suggested_truncated_rows"]), (112, 0))
+        target = stats["splits"]["validation"]["target"]
+        self.assertEqual((target["rows"], target["mean"], target["max"], target["truncated_rows"]), (100, 2.0, 2, 0))
+        self.assertEqual(stats["suggested"], {"source": 112, "target": 8})
+        self.assertIn("  mean 56.5   min 7   p50 56   p90 96   p95 101   p99 105   max 106\n", text)
+        self.assertIn("  truncated at 86: 20 rows (20.00%)\n", text)
+        self.assertIn("  suggested --max_source_length 112: truncates 0 rows (0.00%)\n", text)
+        self.assertIn("--max_source_length 112 --max_target_length 8", text)
+
+    def test_histogram_of_the_file(self):
+        stats, text = run(self.args)
+        hist = stats["splits"]["validation"]["source"]["histogram"]
+        # 100 lengths 7..106 in 10 bins of 10: ten rows each.
+        self.assertEqual(hist, {"edges": list(range(7, 108, 10)), "counts": [10] * 10})
+        self.assertIn("    7-16    10   10.00%  " + "#" * 40 + "\n", text)
+        self.assertIn("  97-106    10   10.00%  " + "#" * 40 + "\n", text)
+
+    def test_max_samples_takes_the_first_rows(self):
+        stats, _ = run([*self.args, "--max_samples", "10"])
+        source = stats["splits"]["validation"]["source"]
+        self.assertEqual((source["rows"], source["max"]), (10, PREFIX_AND_EOS + 10))
+
+    def test_png_and_json_are_written(self):
+        png, json_path = os.path.join(self.dir, "lengths.png"), os.path.join(self.dir, "lengths.json")
+        stats, _ = run([*self.args, "--png", png, "--json", json_path])
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        with open(json_path, encoding="utf-8") as f:
+            self.assertEqual(json.load(f), stats)
+        self.assertEqual(sorted(os.listdir(self.dir)), sorted(["dev.jsonl", "hf_cache", "lengths.json", "lengths.png"]))
+
+
+class RulesTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("all_short_labels", [2] * 10, 8),
+        ("longest_short_rounds_up", list(range(3, 61)), 64),
+        ("longest_exactly_the_bound", [10] * 99 + [128], 128),
+        ("long_tail_takes_p99", [100] * 99 + [129], 104),
+        ("p99_already_a_multiple", [200] * 99 + [1000], 200),
+    )
+    def test_suggested_length(self, lengths, expected):
+        self.assertEqual(dataset_stats.suggest_length(np.array(lengths)), expected)
+
+    def test_p99_suggestion_cuts_at_most_one_percent(self):
+        lengths = np.random.default_rng(0).lognormal(5, 1, size=5000).astype(np.int64) + 1
+        stats = dataset_stats.length_stats(lengths, 512, "--max_source_length")
+        self.assertGreater(stats["max"], dataset_stats.KEEP_ALL_UP_TO)
+        self.assertLessEqual(stats["suggested_truncated_percent"], 1.0)
+        self.assertEqual(stats["suggested_length"] % 8, 0)
+        self.assertEqual(stats["truncated_rows"], int(np.sum(lengths > 512)))
+
+    def test_percentiles_are_lengths_that_rows_fit_in(self):
+        stats = dataset_stats.length_stats(np.arange(1, 101), 50, "--max_source_length")
+        self.assertEqual([stats[f"p{q}"] for q in (50, 90, 95, 99)], [50, 90, 95, 99])
+        self.assertEqual((stats["truncated_rows"], stats["truncated_percent"]), (50, 50.0))
+
+    @parameterized.named_parameters(
+        ("one_value", [2] * 7),
+        ("two_values", [2, 3, 3]),
+        ("eleven_values", list(range(5, 16))),
+        ("long_tail", list(np.random.default_rng(1).lognormal(4, 1, size=999).astype(int) + 1)),
+    )
+    def test_histogram_counts_every_row_once(self, lengths):
+        lengths = np.array(lengths)
+        edges, counts = dataset_stats.histogram(lengths)
+        self.assertEqual(counts.sum(), len(lengths))
+        self.assertLessEqual(len(counts), dataset_stats.HISTOGRAM_BINS)
+        self.assertLen(set(np.diff(edges)), 1)  # equal widths
+        self.assertEqual((edges[0], counts[-1] > 0), (lengths.min(), True))
+        self.assertTrue(np.all(lengths < edges[-1]))
+        self.assertEqual(counts.tolist(), np.histogram(lengths, bins=edges)[0].tolist())
+
+    def test_text_bars_scale_to_the_largest_bin(self):
+        lines = dataset_stats.format_histogram({"edges": [1, 2, 3, 4], "counts": [1000, 1, 0]})
+        self.assertEqual(lines, ["  tokens   rows    share",
+                                 "       1  1,000   99.90%  " + "#" * 40,
+                                 "       2      1    0.10%  #",
+                                 "       3      0    0.00%"])
+
+
+class RealDataTest(TempDirTestCase):
+
+    def test_sst2_dev_split_from_data_dir(self):
+        args = ["--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", SST2_DIR, "--splits", "validation",
+                "--tokenizer_name", sst2_tokenizer_dir(), "--max_source_length", "32", "--max_target_length", "8"]
+        stats, text = run(args)
+        self.assertEqual(list(stats["splits"]), ["validation"])
+        source = stats["splits"]["validation"]["source"]
+        self.assertEqual(source["rows"], 872)
+        self.assertIn("== validation: 872 rows ==", text)
+        self.assertEqual(sum(source["histogram"]["counts"]), 872)
+        # The same count of cut rows as the training path reports for these lengths.
+        entry = get_entry("glue", "sst2")
+        rows = data.load_splits(entry, data_dir=SST2_DIR)["validation"]
+        trained = data.tokenize_split(rows, entry, load_tokenizer(sst2_tokenizer_dir()), 32, 8)
+        self.assertGreater(trained.truncated_sources, 0)
+        self.assertEqual(source["truncated_rows"], trained.truncated_sources)
+        self.assertEqual(stats["splits"]["validation"]["target"]["truncated_rows"], trained.truncated_targets)
+
+
+class CorpusTest(TempDirTestCase):
+
+    def test_document_lengths_and_packed_chunks(self):
+        path = os.path.join(self.dir, "corpus.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # k + 1 tokens with EOS
+        stats, text = run(["--corpus_file", os.path.join(self.dir, "*.txt"), "--tokenizer_name", sst2_tokenizer_dir(),
+                           "--objective", "prefix_lm", "--max_seq_length", "17"])
+        documents = stats["splits"]["corpus"]["document"]
+        self.assertEqual((documents["rows"], documents["min"], documents["max"]), (20, 2, 21))
+        # 230 tokens in chunks of 16 (17 - 1 for prefix LM): 14 chunks, 6 dropped; 5 documents exceed a chunk.
+        self.assertEqual({k: stats["packing"][k] for k in ("tokens", "chunks", "dropped_tokens", "chunk_length")},
+                         {"tokens": 230, "chunks": 14, "dropped_tokens": 6, "chunk_length": 16})
+        self.assertEqual((documents["truncated_rows"], documents["truncated_percent"]), (5, 25.0))
+        self.assertIn("  longer than one chunk (16 tokens): 5 documents (25.00%), split across chunks\n", text)
+        self.assertIn("\n  230 tokens make 14 chunks of 16 tokens; the last 6 tokens are dropped", text)
+
+
+class BadInputTest(TempDirTestCase):
+
+    @parameterized.named_parameters(
+        ("no_tokenizer", ["--data_dir", SST2_DIR], "no tokenizer: pass --tokenizer_name"),
+        ("unknown_task", ["--dataset_name", "sst3", "--data_dir", SST2_DIR, "--tokenizer_name", "{tok}"],
+         "unknown --dataset_name 'sst3'"),
+        ("unknown_split", ["--data_dir", SST2_DIR, "--splits", "dev", "--tokenizer_name", "{tok}"],
+         "unknown --splits 'dev' for glue/sst2; its splits: train, validation"),
+        ("missing_tokenizer_folder", ["--tokenizer_name", "{dir}/no-such-tokenizer"], "could not load tokenizer"),
+        ("corpus_and_task", ["--corpus_file", "x.txt", "--data_dir", SST2_DIR], "--corpus_file reads a pretraining"),
+        ("png_folder_missing", ["--png", "{dir}/nowhere/a.png"], "create it first"),
+        ("short_target", ["--max_target_length", "1"], "must be at least 2"),
+    )
+    def test_one_line_usage_error(self, argv, message):
+        argv = [a.format(tok=sst2_tokenizer_dir(), dir=self.dir) for a in argv]
+        with self.assertRaisesRegex(UsageError, message.replace("(", r"\(")):
+            dataset_stats.main(argv)
+
+    def test_cli_exits_2_with_one_line(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = run_cli(dataset_stats.main, ["--dataset_name", "sst3", "--tokenizer_name", sst2_tokenizer_dir()])
+        self.assertEqual(code, 2)
+        self.assertEqual(err.getvalue().count("\n"), 1)
+        self.assertTrue(err.getvalue().startswith("error: unknown --dataset_name 'sst3'"))
+
+
+if __name__ == "__main__":
+    absltest.main()
