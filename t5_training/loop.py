@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import math
 import time
@@ -279,13 +280,14 @@ def _window_counts(accelerator, window: list[dict], stop_requested: bool) -> tor
 
 
 def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch.Tensor, max_grad_norm: float,
-                step: int) -> tuple[float, bool, bool]:
+                step: int) -> torch.Tensor:
     """One optimizer step over a window of micro-batches, skipped if the loss or gradients are not finite.
 
-    Returns (the token-mean loss, whether the step was applied, whether any process asked to
-    stop, from the window's all-reduced counts). Reading these values together is the step's
-    one host sync: skipping must be decided before the update. The decision is the same on
-    every process because the loss and the gradient norm are both all-reduced values.
+    Returns the token-mean loss as a device tensor, NaN when the step was skipped; nothing is
+    read back to the host. Fused AdamW (the default optimizer) skips on the device itself,
+    given the verdict as `found_inf`, the mechanism GradScaler uses; other optimizers cannot,
+    so for them the verdict is read before stepping, one host sync per step. The verdict is
+    the same on every process because the loss and the gradient norm are all-reduced values.
     """
     total_tokens = counts[0].float()
     # accelerator.backward divides by the accumulation steps and DDP averages over processes;
@@ -305,18 +307,29 @@ def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch
     # loss. Under DeepSpeed the step already ran inside the last backward: the engine clipped
     # (at --max_grad_norm, see build_accelerator), skipped the update if the gradients were not
     # finite, and reports that step's norm here (inf when skipped; None in older accelerate),
-    # so the decision below matches what DeepSpeed did and its optimizer.step() is a no-op.
+    # so the verdict below matches what DeepSpeed did and its optimizer.step() is a no-op.
     norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
     norm = torch.as_tensor(0.0 if norm is None else norm, device=loss.device)
-    loss_value, norm_value, stop_votes = torch.stack([loss.double(), norm.double(), counts[3]]).tolist()
     # With fp16, accelerate's GradScaler skips overflowing steps itself, and must see them to
     # lower its scale: only a non-finite loss is skipped here.
-    bad_norm = not math.isfinite(norm_value) and accelerator.scaler is None
-    applied = math.isfinite(loss_value) and not bad_norm
-    if applied:
+    finite = torch.isfinite(loss) if accelerator.scaler is not None else torch.isfinite(loss) & torch.isfinite(norm)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        optimizer.step()
+    elif _skips_on_device(inner, accelerator):
+        inner.found_inf = (~finite).float()
+        optimizer.step()
+    elif bool(finite):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return (loss_value if applied else math.nan), applied, stop_votes > 0
+    return torch.where(finite, loss, torch.full_like(loss, math.nan))
+
+
+def _skips_on_device(optimizer, accelerator) -> bool:
+    # Fused Adam(W) reads `found_inf` and leaves weights, moments and step count untouched when
+    # it is 1. Under fp16 the GradScaler owns that attribute.
+    return (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
+            and accelerator.scaler is None)
 
 
 def train(
@@ -342,34 +355,36 @@ def train(
     bar = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
                desc="training", dynamic_ncols=True)
     batches = _micro_batches(accelerator, loader, state)
-    pending: list[tuple[float, torch.Tensor]] = []
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     per_epoch = batches_per_epoch(loader)
-    stop = False
+    stop = voted_stop = False
     # The bar is closed on every exit, so that an error's one line starts a line of its own.
     with PreemptionHandler(accelerator.print) as preemption, contextlib.closing(bar):
         while state.step < total_steps and not stop:
             started = time.perf_counter()
             window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
             counts = _window_counts(accelerator, window, preemption.received is not None)
-            loss, applied, any_stop = _train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm,
-                                        state.step + 1)
+            loss = _train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm, state.step + 1)
             pending.append((loss, counts))
             scheduler.step()
             state.step += 1
             state.train_seconds += time.perf_counter() - started
             bar.update(1)
-            _guard_nonfinite(accelerator, config, state, applied)
 
+            # Losses, counts and stop votes are read back at logging steps (and before evaluating
+            # or saving), where the non-finite guard also runs: no host sync in between.
+            flush = functools.partial(_flush_losses, accelerator, config, scheduler, state, pending, bar, per_epoch)
             at_end = state.step >= total_steps
             if at_end or state.step % max(config.logging_steps, 1) == 0:
-                _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+                voted_stop |= flush()
             if at_end or (config.eval_steps and state.step % config.eval_steps == 0):
-                _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+                voted_stop |= flush()
                 stop = _evaluate(accelerator, config, model, state, evaluate, objective, export)
-            # The stop votes were all-reduced with the window's token counts, so every process agrees.
-            preempted = any_stop if accelerator.num_processes > 1 else preemption.received is not None
+            # Several processes stop on the votes all-reduced with the token counts, so all agree;
+            # they see them at the next logging step. One process reads its own signal flag.
+            preempted = voted_stop if accelerator.num_processes > 1 else preemption.received is not None
             if at_end or stop or preempted or (config.save_steps and state.step % config.save_steps == 0):
-                _flush_losses(accelerator, scheduler, state, pending, bar, per_epoch)
+                flush()
                 path = _save(accelerator, config, model, scheduler, state)
                 if preempted and not at_end:
                     raise Preempted(f"{preemption.received or 'a signal'} received: saved {path} at step "
@@ -377,13 +392,13 @@ def train(
     return state
 
 
-def _guard_nonfinite(accelerator, config: TrainingConfig, state: TrainState, applied: bool) -> None:
+def _guard_nonfinite(accelerator, config: TrainingConfig, state: TrainState, step: int, applied: bool) -> None:
     """Counts skipped (non-finite) steps in a row; after --max_nonfinite_steps, stops naming the likely cause."""
     if applied:
         state.nonfinite_in_a_row = 0
         return
     state.nonfinite_in_a_row += 1
-    accelerator.print(f"step {state.step}: non-finite loss or gradients; step skipped, weights unchanged")
+    accelerator.print(f"step {step}: non-finite loss or gradients; step skipped, weights unchanged")
     limit = config.max_nonfinite_steps
     if limit and state.nonfinite_in_a_row >= limit:
         if accelerator.mixed_precision == "fp16":
@@ -392,16 +407,23 @@ def _guard_nonfinite(accelerator, config: TrainingConfig, state: TrainState, app
             cause = (f"the learning rate is likely too high for this model and batch: lower --learning_rate "
                      f"(now {config.learning_rate:g}) or raise --warmup_steps")
         raise DivergedError(f"the loss was not finite for {state.nonfinite_in_a_row} steps in a row (up to step "
-                            f"{state.step}); {cause}. Checkpoints saved before that are intact")
+                            f"{step}); {cause}. Checkpoints saved before that are intact")
 
 
-def _flush_losses(accelerator, scheduler, state: TrainState, pending: list, bar, per_epoch: int) -> None:
-    """Moves step losses and counts to the state and logs the mean loss: one host sync per logging step."""
+def _flush_losses(accelerator, config: TrainingConfig, scheduler, state: TrainState, pending: list, bar,
+                  per_epoch: int) -> bool:
+    """Reads the pending steps' losses and counts (one host sync), guards against non-finite steps, logs.
+
+    Returns whether any process voted to stop (a preemption signal) in those steps.
+    """
     if not pending:
-        return
-    values = [loss for loss, _ in pending]
-    _, samples, tokens, _ = torch.stack([counts for _, counts in pending]).sum(dim=0).tolist()
+        return False
+    values = torch.stack([loss.double() for loss, _ in pending]).tolist()
+    _, samples, tokens, votes = torch.stack([counts for _, counts in pending]).sum(dim=0).tolist()
+    first = state.step - len(pending) + 1
     pending.clear()
+    for step, value in enumerate(values, start=first):
+        _guard_nonfinite(accelerator, config, state, step, applied=math.isfinite(value))
     state.losses.extend(values)
     state.samples_seen += int(samples)
     state.tokens_seen += int(tokens)
@@ -411,6 +433,7 @@ def _flush_losses(accelerator, scheduler, state: TrainState, pending: list, bar,
         logged["train/epoch"] = state.epoch + state.batches_in_epoch / per_epoch
     accelerator.log(logged, step=state.step)
     bar.set_postfix(loss=f"{values[-1]:.4f}", lr=f"{lr:.2e}")
+    return votes > 0
 
 
 def _evaluate(accelerator, config, model, state: TrainState, evaluate, objective: Objective, export) -> bool:

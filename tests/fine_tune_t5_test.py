@@ -107,7 +107,8 @@ class TwoProcessTest(absltest.TestCase):
         with tempfile.TemporaryDirectory() as two, tempfile.TemporaryDirectory() as one:
             env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT]
+                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                      "--main_process_port", "0", SCRIPT]
             done = subprocess.run(launch + fixtures.fine_tune_args(two, "--per_device_train_batch_size", "4",
                                                                    *common),
                                   env=env, capture_output=True, text=True, timeout=600)

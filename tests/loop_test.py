@@ -172,14 +172,14 @@ class NonFiniteGuardTest(absltest.TestCase):
         accelerator = mock.Mock(mixed_precision="fp16")
         state = loop.TrainState(step=7, nonfinite_in_a_row=1)
         with self.assertRaisesRegex(DivergedError, "fp16.*--mixed_precision bf16"):
-            loop._guard_nonfinite(accelerator, TrainingConfig(max_nonfinite_steps=2), state, applied=False)
+            loop._guard_nonfinite(accelerator, TrainingConfig(max_nonfinite_steps=2), state, 7, applied=False)
 
     def test_zero_never_stops(self):
         state = loop.TrainState(step=70, nonfinite_in_a_row=50)
-        loop._guard_nonfinite(mock.Mock(mixed_precision="no"), TrainingConfig(max_nonfinite_steps=0), state,
+        loop._guard_nonfinite(mock.Mock(mixed_precision="no"), TrainingConfig(max_nonfinite_steps=0), state, 70,
                               applied=False)
         self.assertEqual(state.nonfinite_in_a_row, 51)
-        loop._guard_nonfinite(mock.Mock(), TrainingConfig(), state, applied=True)
+        loop._guard_nonfinite(mock.Mock(), TrainingConfig(), state, 71, applied=True)
         self.assertEqual(state.nonfinite_in_a_row, 0)
 
     def test_non_finite_weights_are_never_saved(self):
@@ -204,6 +204,36 @@ def _rows(n, source, target):
     labels = torch.full((n, target), 6)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
             "decoder_input_ids": torch.full((n, target), 0)}
+
+
+class HostSyncTest(absltest.TestCase):
+    def test_no_host_read_between_logging_steps(self):
+        # Every way a tensor's value reaches Python is recorded when the loop's own code asks
+        # for it; the steps (and the loop around them) must ask for none. (transformers' T5
+        # reads its attention mask once per forward to decide whether SDPA needs it; that read
+        # is the model's, not the loop's.)
+        import sys
+        reads = []
+
+        def recording(name):
+            real = getattr(torch.Tensor, name)
+
+            def read(self, *args, **kwargs):
+                caller = sys._getframe(1).f_code
+                if caller.co_filename == loop.__file__:
+                    reads.append(caller.co_name)
+                return real(self, *args, **kwargs)
+            return mock.patch.object(torch.Tensor, name, read)
+
+        with tempfile.TemporaryDirectory() as out, contextlib.ExitStack() as stack:
+            for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+                stack.enter_context(recording(name))
+            _run(out, "--max_steps", "8", "--logging_steps", "4", "--gradient_accumulation_steps", "2")
+        per_step = {"_train_step", "_window_counts", "train", "_micro_batches", "forward_loss_sum",
+                    "token_cross_entropy_sum"}
+        self.assertFalse(per_step & set(reads), sorted(set(reads)))
+        # Two logging steps, each reading the losses and the counts once.
+        self.assertEqual(reads.count("_flush_losses"), 4, reads)
 
 
 class FindBatchSizeTest(absltest.TestCase):
