@@ -11,15 +11,17 @@ fresh Python process (so one run's memory cannot leak into the next) loads the t
 its resident set size (RSS), reads the corpus while a thread samples RSS every few milliseconds,
 and reports chunks read, tokens per second, peak RSS and growth over the baseline.
 
-Run from the repository root (a few minutes on 2 CPU cores):
+Sizes are a base size and its multiples; the first size is the base. The script prints the
+ratio of streaming's peak RSS at the largest size to that at the base (goal: at most 1.10, i.e.
+peak memory within 10% at 10x the corpus). Run from the repository root (about 4 minutes on 2 CPU
+cores):
 
-    python benchmarks/streaming_memory.py --sizes 20 80
+    python benchmarks/streaming_memory.py                             # 20 MB and 200 MB (10x); pack_dataset at 20 MB
+    python benchmarks/streaming_memory.py --base_mb 20 --multiples 1 4 10 --pack_max_mb 80
+    python benchmarks/streaming_memory.py --sizes 20 80               # explicit sizes in MB, the first is the base
+    python benchmarks/streaming_memory.py --quick                     # 0.2 and 2 MB, streaming only: checks it runs
 
-Larger corpora, streaming only beyond 80 MB:
-
-    python benchmarks/streaming_memory.py --sizes 20 80 200 --pack_max_mb 80
-
-It prints figures only; it checks nothing.
+It prints a table and writes --output (JSON); it reports the ratio and checks nothing.
 """
 from __future__ import annotations
 
@@ -42,7 +44,12 @@ MB = 1 << 20
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=float, nargs="+", default=[20, 80], help="corpus sizes in MB")
+    parser.add_argument("--quick", action="store_true",
+                        help="corpora of 0.2 and 2 MB, streaming only: checks that the benchmark runs")
+    parser.add_argument("--base_mb", type=float, default=None, help="base corpus size in MB (default 20; quick: 0.2)")
+    parser.add_argument("--multiples", type=float, nargs="+", default=[1, 10], help="sizes as multiples of --base_mb")
+    parser.add_argument("--sizes", type=float, nargs="+", default=None,
+                        help="corpus sizes in MB instead of --base_mb/--multiples; the first is the base")
     parser.add_argument("--pack_max_mb", type=float, default=80,
                         help="also measure pack_dataset (in memory) on corpora up to this size; 0: never")
     parser.add_argument("--max_chunks", type=int, default=0,
@@ -56,8 +63,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="where corpora are written (default: a temp dir, removed)")
     parser.add_argument("--interval", type=float, default=0.01, help="RSS sampling interval in seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None, help="results JSON (default: runs/streaming_memory[_quick].json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # JSON job of a measuring process
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.sizes is None:
+        base = args.base_mb if args.base_mb is not None else (0.2 if args.quick else 20)
+        args.sizes = [base * multiple for multiple in args.multiples]
+    if args.quick:
+        args.pack_max_mb = 0
+    name = "streaming_memory_quick.json" if args.quick else "streaming_memory.json"
+    args.output = args.output or os.path.join(REPO, "runs", name)
+    return args
 
 
 # --- corpora ----------------------------------------------------------------------------------
@@ -157,12 +173,14 @@ def run_child(job: dict) -> dict:
 
 # --- the table ----------------------------------------------------------------------------------
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict | None:
     args = parse_args(argv)
     if args.child:
         print(json.dumps(measure(json.loads(args.child))))
-        return
+        return None
     sys.path.insert(0, REPO)
+    from t5_training import reporting
+
     trained = None
     if args.tokenizer is None:
         from tests import fixtures
@@ -170,12 +188,13 @@ def main(argv=None) -> None:
         args.tokenizer = trained = fixtures.sst2_tokenizer_dir()
     workdir = args.workdir or tempfile.mkdtemp(prefix="streaming-memory-")
     os.makedirs(workdir, exist_ok=True)
+    base = args.sizes[0]
     try:
         print(f"tokenizer {args.tokenizer}; chunk_length {args.chunk_length}; shuffle_buffer {args.shuffle_buffer}; "
               f"{os.cpu_count()} CPUs; corpora in {workdir}", flush=True)
-        header = (f"{'reader':<12} {'corpus MB':>9} {'chunks read':>11} {'seconds':>8} {'tokens/s':>10} "
+        header = (f"{'reader':<12} {'corpus MB':>9} {'x base':>6} {'chunks read':>11} {'seconds':>8} {'tokens/s':>10} "
                   f"{'base RSS MB':>11} {'peak RSS MB':>11} {'RSS growth MB':>13}")
-        rows = []
+        rows, results = [], []
         for size in args.sizes:
             path = os.path.join(workdir, f"corpus-{size:g}mb.txt")
             written = write_corpus(path, size, args.source, args.seed)
@@ -186,20 +205,46 @@ def main(argv=None) -> None:
                        "max_chunks": args.max_chunks if mode == "stream" else 0, "seed": args.seed,
                        "interval": args.interval, "cache_dir": os.path.join(workdir, f"hf-cache-{size:g}")}
                 result = run_child(job)
-                rows.append(f"{mode:<12} {written / MB:>9.1f} {result['chunks']:>11,} {result['seconds']:>8.1f} "
-                            f"{result['tokens_per_s']:>10,.0f} {result['baseline_mb']:>11.1f} "
-                            f"{result['peak_mb']:>11.1f} {result['growth_mb']:>13.1f}")
+                results.append({"reader": mode, "size_mb": size, "multiple": size / base, "written_mb": written / MB,
+                                 **result})
+                rows.append(f"{mode:<12} {written / MB:>9.1f} {size / base:>6g} {result['chunks']:>11,} "
+                            f"{result['seconds']:>8.1f} {result['tokens_per_s']:>10,.0f} "
+                            f"{result['baseline_mb']:>11.1f} {result['peak_mb']:>11.1f} {result['growth_mb']:>13.1f}")
                 print(f"  done: {rows[-1]}", flush=True)
             os.remove(path)
             shutil.rmtree(job["cache_dir"], ignore_errors=True)
         print()
         print(header)
         print("\n".join(rows))
+        summary = summarize(results, base)
+        if summary:
+            print(f"\nstreaming peak RSS at {summary['largest_multiple']:g}x the corpus / at 1x: "
+                  f"{summary['streaming_peak_rss_ratio']:.3f} (goal <= {summary['goal_ratio']:.2f}: "
+                  f"{'met' if summary['goal_met'] else 'not met'})")
+        report = {"quick": args.quick, "base_mb": base, "sizes_mb": args.sizes, "chunk_length": args.chunk_length,
+                  "shuffle_buffer": args.shuffle_buffer, "tokenize_batch": args.tokenize_batch, "rows": results,
+                  **summary}
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        reporting.write_json(args.output, report)
+        print(f"wrote {args.output}")
+        return report
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         if trained:
             shutil.rmtree(trained, ignore_errors=True)
+
+
+def summarize(results: list[dict], base: float, goal: float = 1.10) -> dict:
+    """Streaming's peak RSS at the largest corpus over that at the base size (empty with one size)."""
+    streamed = {r["size_mb"]: r for r in results if r["reader"] == "stream"}
+    largest = max(streamed)
+    if base not in streamed or largest == base:
+        return {}
+    ratio = streamed[largest]["peak_mb"] / streamed[base]["peak_mb"]
+    return {"largest_multiple": largest / base, "streaming_peak_rss_ratio": ratio,
+            "streaming_growth_mb": {f"{size / base:g}x": r["growth_mb"] for size, r in sorted(streamed.items())},
+            "goal_ratio": goal, "goal_met": ratio <= goal}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,84 @@
+"""The benchmark scripts run: each in --quick mode, as a subprocess, checked through the JSON it writes.
+
+Quick mode checks that a script works, not its speed, so timings are only required to be
+positive; the values that do not depend on the machine (FLOP counts, chunk counts, the
+collator's own correctness checks) are checked exactly.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from tests import fixtures
+
+BENCHMARKS = os.path.join(fixtures.REPO, "benchmarks")
+# Offline, and OpenMP threads that sleep rather than spin when idle: on a CI machine shared with
+# other jobs, spinning threads slow a quick run several-fold.
+QUICK_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+             "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+class BenchmarksTest(fixtures.TempDirTestCase):
+
+    def run_quick(self, script: str, *extra: str) -> dict:
+        output = os.path.join(self.dir, "results.json")
+        done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), "--quick", "--output", output, *extra],
+                              cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **QUICK_ENV})
+        self.assertEqual(done.returncode, 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        with open(output, encoding="utf-8") as f:
+            return json.load(f)
+
+    def test_pretraining_mfu(self):
+        results = self.run_quick("pretraining_mfu.py")
+        # 128-token inputs corrupt from 141 raw tokens into 29 targets (T5's random_spans_helper).
+        self.assertEqual((results["raw_length"], results["source_length"], results["target_length"]), (141, 128, 29))
+        check = results["flop_check"]
+        # Forward: every matmul FlopCounterMode sees is in the analytic count, and nothing else.
+        self.assertEqual(check["counted_forward"], check["analytic_forward"])
+        self.assertEqual(check["analytic_train_step"], 3 * check["analytic_forward"])
+        # The step differs only by the flash-attention backward recomputing its scores.
+        self.assertLess(abs(check["relative_difference"]), 0.02)
+        self.assertGreater(results["peak_flops_per_second"], 0)
+        self.assertEqual([b["batch_size"] for b in results["batch_sizes"]], [1, 2])
+        for entry in results["batch_sizes"]:
+            self.assertEqual(entry["model_flops_per_step"], entry["batch_size"] * check["analytic_train_step"])
+            self.assertGreater(entry["step_seconds_median"], 0)
+            self.assertGreater(entry["tokens_per_second"], 0)
+            self.assertTrue(0 < entry["mfu"] < 1.5, entry["mfu"])
+        profile = results["profile"]
+        self.assertLen(profile["top_ops"], 8)
+        self.assertTrue(0 < profile["matmul_share"] <= 1, profile["matmul_share"])
+        self.assertIn("aten::mm", [op["op"] for op in profile["top_ops"]])
+
+    def test_collator_speed(self):
+        results = self.run_quick("collator_speed.py")
+        self.assertEqual((results["raw_length"], results["input_length"], results["target_length"]), (568, 512, 114))
+        self.assertEqual(sorted(results["checks"]), ["per-example", "vectorised"])
+        self.assertTrue(all(check.startswith("ok") for check in results["checks"].values()))
+        self.assertEqual([b["batch_size"] for b in results["batch_sizes"]], [8, 64])
+        for entry in results["batch_sizes"]:
+            self.assertGreater(entry["vectorised_examples_per_second"], 0)
+            self.assertGreater(entry["per-example_examples_per_second"], 0)
+            self.assertGreater(entry["speedup"], 0)
+
+    def test_streaming_memory(self):
+        results = self.run_quick("streaming_memory.py", "--tokenizer", fixtures.sst2_tokenizer_dir())
+        self.assertEqual(results["sizes_mb"], [0.2, 2.0])
+        rows = results["rows"]
+        self.assertEqual([(r["reader"], r["multiple"]) for r in rows], [("stream", 1.0), ("stream", 10.0)])
+        # Ten times the text packs into about ten times the chunks.
+        self.assertBetween(rows[1]["chunks"] / rows[0]["chunks"], 9, 11)
+        for row in rows:
+            self.assertGreater(row["peak_mb"], row["baseline_mb"] - 1)
+            self.assertGreater(row["tokens_per_s"], 0)
+        self.assertGreater(results["streaming_peak_rss_ratio"], 0)
+        self.assertAlmostEqual(results["streaming_peak_rss_ratio"], rows[1]["peak_mb"] / rows[0]["peak_mb"])
+        self.assertEqual(results["largest_multiple"], 10.0)
+
+
+if __name__ == "__main__":
+    absltest.main()
