@@ -108,11 +108,9 @@ class GreedyDecoder:
         unwrapped = self.accelerator.unwrap_model(model)
         mask = batch["attention_mask"]
         encoded = unwrapped.get_encoder()(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
-        logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
-        row_loss, row_tokens = _row_loss(logits, batch["labels"])
-        everything = torch.ones(len(mask), dtype=torch.bool, device=mask.device)
         if self.candidates is None:
+            row_loss, row_tokens = self._teacher_forced(unwrapped, encoded, mask, batch)
+            everything = torch.ones(len(mask), dtype=torch.bool, device=mask.device)
             return self._generate(unwrapped, encoded, mask, everything), row_loss, row_tokens
 
         (k, width), rows = self.candidates.shape, len(mask)
@@ -124,6 +122,15 @@ class GreedyDecoder:
         follows = ((logits.argmax(dim=-1) == labels) | (labels == -100)).all(dim=-1).view(rows, k)
         chosen = self.candidates[follows.int().argmax(dim=1)]
         predicted = chosen.masked_fill(chosen == -100, self.pad)
+        # A row's target is one of the candidates (unless it has none, like a test split's
+        # <unk>), so its loss is already in these logits: no second decoder pass.
+        target = self._target_candidate(batch["labels"])
+        if target is None:
+            row_loss, row_tokens = self._teacher_forced(unwrapped, encoded, mask, batch)
+        else:
+            candidate_loss, candidate_tokens = _row_loss(logits, labels)
+            pick = torch.arange(rows, device=mask.device) * k + target
+            row_loss, row_tokens = candidate_loss[pick], candidate_tokens[pick]
         unmatched = ~follows.any(dim=1)
         if not unmatched.any():
             return predicted, row_loss, row_tokens
@@ -132,6 +139,22 @@ class GreedyDecoder:
         predicted = F.pad(predicted, (0, width - predicted.size(1)), value=self.pad)
         predicted[unmatched] = F.pad(generated, (0, width - generated.size(1)), value=self.pad)
         return predicted, row_loss, row_tokens
+
+    def _teacher_forced(self, unwrapped, encoded, mask, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,
+                           decoder_input_ids=batch["decoder_input_ids"]).logits
+        return _row_loss(logits, batch["labels"])
+
+    def _target_candidate(self, labels: torch.Tensor) -> torch.Tensor | None:
+        """Per row, the index of the candidate equal to its labels; None unless every row has one."""
+        width = self.candidates.size(1)
+        if labels.size(1) < width:
+            labels = F.pad(labels, (0, width - labels.size(1)), value=-100)
+        beyond = (labels[:, width:] == -100).all(dim=1, keepdim=True)
+        same = (labels[:, None, :width] == self.candidates[None]).all(dim=2) & beyond
+        if not same.any(dim=1).all():
+            return None
+        return same.int().argmax(dim=1)
 
     def _generate(self, unwrapped, encoded: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         self.generated_rows += int(rows.sum())
