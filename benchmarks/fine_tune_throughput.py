@@ -1,0 +1,363 @@
+"""Fine-tuning throughput on SST-2: this project's loop against HF's Seq2SeqTrainer, side by side.
+
+    python benchmarks/fine_tune_throughput.py              # t5-small shape, 30 steps of 32, ~12 min on 2 idle CPU cores
+    python benchmarks/fine_tune_throughput.py --threads 1  # the same on a machine other jobs keep busy
+    python benchmarks/fine_tune_throughput.py --quick      # tiny model, 4 steps: checks that it runs, not its speed
+
+Four sides train the same model for the same number of optimizer steps:
+
+  ours group_by_length   fine_tune_t5.main(...) with --group_by_length (dynamic padding, similar lengths batched)
+  ours                   fine_tune_t5.main(...) without it (dynamic padding, plain shuffle)
+  hf dynamic padding     Seq2SeqTrainer + DataCollatorForSeq2Seq, as run_summarization.py sets them up
+  hf pad to max length   Seq2SeqTrainer + default_data_collator over rows padded to the max lengths
+                         (run_glue.py's default pad_to_max_length=True, max_seq_length=128)
+
+What is the same on every side: the initial weights (built once from --model_config with a fixed
+seed and saved, then loaded by every side with from_pretrained), the tokenizer, the token ids of
+every row (formatted and tokenized by t5_training.data.tokenize_split from the registry entry, so
+"sst2 sentence: <text>" -> "negative"/"positive" + EOS), the max lengths (--max_source_length,
+--max_target_length), the batch size, the steps, AdamW (torch's fused kernel on both sides: HF's
+default adamw_torch_fused, and ours) at a constant learning rate without warmup or weight decay,
+gradient clipping at 1.0, fp32, one process, no evaluation or saving during the timed part. HF
+keeps its own defaults otherwise (dataloader, logging, loss averaging).
+
+Timing, the same span on both sides: wall time from fetching the first batch to the end of the
+last optimizer step. Ours is train_results.json's train_runtime (time inside optimizer steps,
+batch fetching included); HF's is measured by a TrainerCallback from on_epoch_begin (just before
+the dataloader iterator is created) to the last on_step_end. Samples/s = steps x batch / time;
+tokens/s counts input plus target tokens that are not padding (HF's by counting each batch its
+collator builds). Each side runs in a fresh Python process, in alternating order over
+--repeats; the table reports the median and the best run (other load on the machine only ever
+slows a run down), with the load average around each run in the JSON. Prints a table and
+writes --output (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+SST2_DIR = os.path.join(DATA, "SST-2")
+SIDES = ("ours group_by_length", "ours", "hf dynamic padding", "hf pad to max length")
+GOALS = {"hf dynamic padding": 1.5, "hf pad to max length": 2.0}  # ours (group_by_length) over each
+# Child processes must never wait on the network, and all sides see the same environment.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+               "TOKENIZERS_PARALLELISM": "false"}
+THREADS_HELP = ("torch threads in every process; 0: torch's default, one per core (quick: 1). On a machine "
+                "other jobs keep busy, 2 threads on 2 cores stall at every parallel region (a t5-small step "
+                "measured 7-20 s instead of 2 s), so pass --threads 1 there for steady ratios")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model, a few steps and rows: checks that the benchmark runs (~1 min)")
+    parser.add_argument("--model_config", default=None, help="default: configs/t5-small.json (quick: t5-tiny.json)")
+    parser.add_argument("--vocab_size", type=int, default=None,
+                        help="SentencePiece vocabulary trained on SST-2 (default 8000; quick: 1000)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per side (default 30; quick: 4)")
+    parser.add_argument("--batch_size", type=int, default=None, help="per-device train batch (default 32; quick: 8)")
+    parser.add_argument("--train_rows", type=int, default=None,
+                        help="first N SST-2 training rows; 0: all 67,349 (default 0; quick: 48)")
+    parser.add_argument("--max_source_length", type=int, default=128)
+    parser.add_argument("--max_target_length", type=int, default=8)
+    parser.add_argument("--learning_rate", type=float, default=3e-4)
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each side (default 2; quick: 1)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    parser.add_argument("--work_dir", default=None, help="default: runs/fine_tune_throughput[_quick]")
+    parser.add_argument("--output", default=None, help="results JSON (default: WORK_DIR/results.json)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file: run one side and exit
+    args = parser.parse_args(argv)
+    quick = args.quick
+    defaults = {"model_config": os.path.join(REPO, "configs", "t5-tiny.json" if quick else "t5-small.json"),
+                "vocab_size": 1000 if quick else 8000, "steps": 4 if quick else 30, "batch_size": 8 if quick else 32,
+                "train_rows": 48 if quick else 0, "repeats": 1 if quick else 2, "threads": 1 if quick else 0,
+                "work_dir": os.path.join(REPO, "runs", "fine_tune_throughput" + ("_quick" if quick else ""))}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.output = args.output or os.path.join(args.work_dir, "results.json")
+    if args.train_rows and args.train_rows < args.steps * args.batch_size:
+        # Otherwise an epoch would end inside the timed part, with a short batch on some sides.
+        parser.error(f"--train_rows must be 0 or at least --steps x --batch_size ({args.steps * args.batch_size})")
+    return args
+
+
+# --- shared with eval_throughput.py -------------------------------------------------------------
+
+def set_environment(threads: int) -> None:
+    """Offline, and `threads` OpenMP/MKL threads, for this process and every child it starts.
+
+    Set before torch is imported (this module imports it lazily), so it holds here too.
+    """
+    os.environ.update(OFFLINE_ENV)
+    if threads:
+        os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
+def prepare_tokenizer_and_model(work_dir: str, model_config: str, vocab_size: int, seed: int) -> tuple[str, str]:
+    """Trains the SST-2 tokenizer and saves one randomly initialised model; returns both folders.
+
+    Every side then loads these exact weights with from_pretrained, so no side depends on how
+    the other seeds its initialisation.
+    """
+    import csv
+
+    import torch
+
+    from t5_training.modeling import load_model, load_tokenizer
+    from t5_training.tokenizer import train_tokenizer
+
+    tokenizer_dir = os.path.join(work_dir, "tokenizer")
+    model_dir = os.path.join(work_dir, "initial_model")
+    with open(os.path.join(SST2_DIR, "train.tsv"), encoding="utf-8") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        next(rows)
+        sentences = [row[0] for _, row in zip(range(20000), rows)]
+    # The label words must be pieces of their own, as in T5's vocabulary.
+    train_tokenizer(sentences + ["sst2 sentence: negative positive"] * 50, tokenizer_dir, vocab_size=vocab_size)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    torch.manual_seed(seed)
+    model = load_model(None, model_config, tokenizer)
+    model.save_pretrained(model_dir)
+    return tokenizer_dir, model_dir
+
+
+def run_child(script: str, job: dict, work_dir: str) -> dict:
+    """Runs one measurement in a fresh Python process (`script --child JOB`) and returns its result."""
+    name = job["name"]
+    job_path = os.path.join(work_dir, f"{name}.job.json")
+    job = {**job, "result": os.path.join(work_dir, f"{name}.result.json")}
+    if os.path.exists(job["result"]):
+        os.remove(job["result"])  # never read a previous run's figures
+    with open(job_path, "w", encoding="utf-8") as f:
+        json.dump(job, f)
+    log_path = os.path.join(work_dir, f"{name}.log")
+    started = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        done = subprocess.run([sys.executable, os.path.abspath(script), "--child", job_path], cwd=REPO,
+                              stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        with open(log_path, encoding="utf-8") as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f"{name} failed (exit {done.returncode}); end of {log_path}:\n{tail}")
+    with open(job["result"], encoding="utf-8") as f:
+        result = json.load(f)
+    print(f"  {name}: done in {time.perf_counter() - started:.0f} s (process included)", flush=True)
+    return result
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def median_of(runs: list[dict], side: str, key: str) -> float:
+    return statistics.median(r[key] for r in runs if r["side"] == side)
+
+
+def best_of(runs: list[dict], side: str, key: str) -> float:
+    return max(r[key] for r in runs if r["side"] == side)
+
+
+# --- one side, in its own process ----------------------------------------------------------------
+
+def tokenized_rows(job: dict, tokenizer, split: str, rows: int):
+    """The split's rows exactly as fine_tune_t5.py tokenizes them (registry entry, same truncation)."""
+    from t5_training import data
+    from t5_training.tasks import get_entry
+
+    entry = get_entry("glue", "sst2")
+    ds = data.load_splits(entry, data_dir=SST2_DIR)[split]
+    if rows:
+        ds = ds.select(range(min(rows, len(ds))))
+    return data.tokenize_split(ds, entry, tokenizer, job["max_source_length"], job["max_target_length"]).dataset
+
+
+def run_ours(job: dict) -> dict:
+    import fine_tune_t5
+
+    results = fine_tune_t5.main([
+        "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", SST2_DIR,
+        "--model_name_or_path", job["model"], "--tokenizer_name", job["tokenizer"],
+        "--output_dir", job["run_dir"], "--overwrite_output_dir",
+        "--max_source_length", str(job["max_source_length"]), "--max_target_length", str(job["max_target_length"]),
+        "--per_device_train_batch_size", str(job["batch_size"]), "--max_steps", str(job["steps"]),
+        "--max_train_samples", str(job["train_rows"]),
+        # The loop always evaluates and saves once at the end, outside the timed span: keep it small.
+        "--max_eval_samples", "8", "--per_device_eval_batch_size", "8",
+        "--learning_rate", str(job["learning_rate"]), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+        "--weight_decay", "0", "--max_grad_norm", "1.0", "--mixed_precision", "no",
+        "--logging_steps", str(job["steps"]), "--save_total_limit", "1", "--seed", str(job["seed"]),
+        *(["--group_by_length"] if job["group_by_length"] else []),
+    ])["train"]
+    return {"seconds": results["train_runtime"], "steps": results["train_steps"],
+            "samples_per_second": results["train_samples_per_second"],
+            "tokens_per_second": results["train_tokens_per_second"], "train_loss": results["train_loss"]}
+
+
+def run_hf(job: dict) -> dict:
+    from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer,
+                              Seq2SeqTrainingArguments, TrainerCallback, default_data_collator)
+
+    tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
+    model = AutoModelForSeq2SeqLM.from_pretrained(job["model"])
+    train = tokenized_rows(job, tokenizer, "train", job["train_rows"])
+    if job["pad_to_max_length"]:
+        # What run_summarization.py does with pad_to_max_length: pad to the max lengths at
+        # tokenization time, -100 in padded labels, then the default collator stacks rows.
+        src, tgt, pad = job["max_source_length"], job["max_target_length"], tokenizer.pad_token_id
+        train = train.map(lambda row: {
+            "input_ids": row["input_ids"] + [pad] * (src - len(row["input_ids"])),
+            "attention_mask": [1] * len(row["input_ids"]) + [0] * (src - len(row["input_ids"])),
+            "labels": row["labels"] + [-100] * (tgt - len(row["labels"])),
+        })
+        collate = default_data_collator
+    else:
+        # run_summarization.py's collator in fp32 (it pads to a multiple of 8 only under fp16).
+        collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=None)
+
+    batch_tokens: list[int] = []
+
+    def counting_collator(features):
+        batch = collate(features)
+        batch_tokens.append(int(batch["attention_mask"].sum() + (batch["labels"] != -100).sum()))
+        return batch
+
+    class StepTimer(TrainerCallback):
+        start = end = None
+        steps = 0
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            if self.start is None:
+                self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.end = time.perf_counter()
+            self.steps += 1
+
+    timer = StepTimer()
+    args = Seq2SeqTrainingArguments(
+        output_dir=job["run_dir"], per_device_train_batch_size=job["batch_size"], max_steps=job["steps"],
+        learning_rate=job["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, logging_steps=job["steps"], save_strategy="no", eval_strategy="no", report_to="none",
+        use_cpu=True, dataloader_num_workers=0, seed=job["seed"],
+    )
+    trainer = Seq2SeqTrainer(model=model, args=args, data_collator=counting_collator, train_dataset=train,
+                             processing_class=tokenizer, callbacks=[timer])
+    output = trainer.train()
+    seconds = timer.end - timer.start
+    # accelerate's loader collates one batch ahead; the steps trained on the first `steps` batches.
+    tokens = sum(batch_tokens[: timer.steps])
+    assert timer.steps == job["steps"], f"trained {timer.steps} steps, not {job['steps']}"
+    return {"seconds": round(seconds, 3), "steps": timer.steps,
+            "samples_per_second": round(timer.steps * job["batch_size"] / seconds, 3),
+            "tokens_per_second": round(tokens / seconds, 3), "train_loss": output.training_loss,
+            "trainer_reported_samples_per_second": output.metrics["train_samples_per_second"]}
+
+
+def child_main(job_path: str) -> None:
+    import torch
+
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    load_before = load_average()
+    result = run_hf(job) if job["side"].startswith("hf") else run_ours(job)
+    # Recorded afterwards: the figures are only comparable if no side changed its thread count.
+    result.update(side=job["side"], repeat=job["repeat"], threads=torch.get_num_threads(),
+                  load_average={"before": load_before, "after": load_average()})
+    with open(job["result"], "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
+# --- the comparison ----------------------------------------------------------------------------
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.child:
+        child_main(args.child)
+        return {}
+    started = time.perf_counter()
+    set_environment(args.threads)
+    os.makedirs(args.work_dir, exist_ok=True)
+    load_before = load_average()
+    print(f"preparing the tokenizer and the initial weights in {args.work_dir}", flush=True)
+    tokenizer_dir, model_dir = prepare_tokenizer_and_model(args.work_dir, args.model_config, args.vocab_size,
+                                                           args.seed)
+    base = {"model": model_dir, "tokenizer": tokenizer_dir, "steps": args.steps, "batch_size": args.batch_size,
+            "train_rows": args.train_rows, "max_source_length": args.max_source_length,
+            "max_target_length": args.max_target_length, "learning_rate": args.learning_rate, "seed": args.seed}
+    runs = []
+    for repeat in range(args.repeats):
+        # Alternate the order, so that neither side always runs first on a machine that warms up or gets busy.
+        order = SIDES if repeat % 2 == 0 else tuple(reversed(SIDES))
+        for side in order:
+            name = f"{side.replace(' ', '_')}-{repeat}"
+            run_dir = os.path.join(args.work_dir, name)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            job = {**base, "name": name, "side": side, "repeat": repeat, "run_dir": run_dir,
+                   "group_by_length": side == "ours group_by_length",
+                   "pad_to_max_length": side == "hf pad to max length"}
+            runs.append(run_child(__file__, job, args.work_dir))
+            # Checkpoints and exports of a t5-small run take about a GB; only the numbers matter here.
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    table = [{"side": side,
+              "samples/s": median_of(runs, side, "samples_per_second"),
+              "tokens/s": median_of(runs, side, "tokens_per_second"),
+              "seconds": median_of(runs, side, "seconds"),
+              "best samples/s": best_of(runs, side, "samples_per_second"),
+              "samples/s per run": " ".join(f"{r['samples_per_second']:.2f}" for r in runs if r["side"] == side)}
+             for side in SIDES]
+    pairs = [("ours group_by_length", "hf dynamic padding"), ("ours group_by_length", "hf pad to max length"),
+             ("ours", "hf dynamic padding")]
+    ratios = {f"{a} / {b}": round(median_of(runs, a, "samples_per_second") / median_of(runs, b, "samples_per_second"),
+                                  3) for a, b in pairs}
+    ratios_best = {f"{a} / {b}": round(best_of(runs, a, "samples_per_second") / best_of(runs, b, "samples_per_second"),
+                                       3) for a, b in pairs}
+    goals = {f"ours group_by_length / {side} >= {goal}": ratios[f"ours group_by_length / {side}"] >= goal
+             for side, goal in GOALS.items()}
+    results = {
+        "settings": {**{k: v for k, v in vars(args).items() if k != "child"}, "sst2_dir": SST2_DIR,
+                     "optimizer": "AdamW, constant lr, no warmup, weight decay 0, clip 1.0, fp32",
+                     "timing": "wall time from fetching the first batch to the end of the last optimizer step; "
+                               "ours: train_results.json train_runtime, hf: TrainerCallback on_epoch_begin -> "
+                               "last on_step_end",
+                     "tokens": "non-padding input + target tokens"},
+        "load_average": {"before": load_before, "after": load_average()},
+        "runs": runs, "table": table, "ratios": ratios, "ratios_best": ratios_best, "goals": goals,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+
+    from t5_training import reporting
+
+    print(f"\n{os.path.basename(args.model_config)}, {args.steps} steps of {args.batch_size}, SST-2 "
+          f"({args.train_rows or 'all'} training rows), max lengths {args.max_source_length}/{args.max_target_length}, "
+          f"{runs[0]['threads']} torch thread(s), "
+          f"median of {args.repeats} run(s) per side; load average {load_before} -> "
+          f"{results['load_average']['after']}\n")
+    print(reporting.format_table(table))
+    print()
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}x (best runs: {ratios_best[name]:.2f}x)")
+    for name, met in goals.items():
+        print(f"goal {name}: {'met' if met else 'NOT met'}")
+    print(f"\nwrote {args.output} ({results['seconds']:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    main()
