@@ -18,7 +18,7 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training import checkpoint, data, evaluation, loop
+from t5_training import batch_size, checkpoint, data, evaluation, loop
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     with accelerator.main_process_first():
         task = data.build_task_data(entry, config, tokenizer, accelerator.print)
     start_id = model.config.decoder_start_token_id
-    config = loop.find_batch_size(accelerator, config, model, data.make_longest_batch(task, tokenizer, start_id))
+    longest = data.make_longest_batch(task, tokenizer, start_id)
+    config = batch_size.find_batch_size(accelerator, config, model, longest)
     train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id)
 
     def make_evaluate(prepared_eval_loaders):

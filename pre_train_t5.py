@@ -19,7 +19,7 @@ import torch
 from accelerate.utils import set_seed
 
 from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
-from t5_training import checkpoint, corpus, data, evaluation, loop
+from t5_training import batch_size, checkpoint, corpus, data, evaluation, loop
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
 from t5_training.samplers import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Every pretraining batch has the same shape; "idx" keeps the probe from drawing masks
     # from the collator's own random stream.
     chunk = [tokenizer.unk_token_id] * collator.raw_length
-    config = loop.find_batch_size(accelerator, config, model,
+    config = batch_size.find_batch_size(accelerator, config, model,
                                   lambda n: collator([{"input_ids": chunk, "idx": i} for i in range(n)]))
     train_loader, eval_loader = build_loaders(config, train_data, eval_data, collator)
 
@@ -146,8 +146,8 @@ def build_loaders(config: PreTrainConfig, train_data, eval_data, collator):
         order = {"sampler": EpochShuffleSampler(len(train_data), config.seed),
                  "generator": torch.Generator().manual_seed(config.seed)}
     train = torch.utils.data.DataLoader(train_data, batch_size=config.per_device_train_batch_size,
-                                        collate_fn=collator, **data.loader_workers(config, not config.streaming),
-                                        **order)
+                                        collate_fn=collator,
+                                        **data.loader_workers(config, not config.streaming), **order)
     evaluation_loader = torch.utils.data.DataLoader(eval_data, batch_size=config.per_device_eval_batch_size,
                                                     collate_fn=collator)
     return train, evaluation_loader

@@ -17,7 +17,7 @@ from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 
 import fine_tune_t5
-from t5_training import loop
+from t5_training import batch_size, loop
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError, UsageError, run_cli
 from tests import fixtures
@@ -251,7 +251,7 @@ class FindBatchSizeTest(absltest.TestCase):
                                 auto_find_batch_size=True)
         model = _tiny_model()
         before = torch.get_rng_state()
-        found = loop.find_batch_size(accelerator, config, model, self._make_batch(fits=5))
+        found = batch_size.find_batch_size(accelerator, config, model, self._make_batch(fits=5))
         # 12 -> 6 -> 4: the largest divisor of 12 that fits 5.
         self.assertEqual((found.per_device_train_batch_size, found.gradient_accumulation_steps), (4, 6))
         self.assertEqual(accelerator.gradient_accumulation_steps, 6)
@@ -264,13 +264,14 @@ class FindBatchSizeTest(absltest.TestCase):
         accelerator = Accelerator(cpu=True)
         for config in (TrainingConfig(per_device_train_batch_size=64),
                        TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)):
-            self.assertIs(loop.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=4)), config)
+            found = batch_size.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=4))
+            self.assertIs(found, config)
 
     def test_nothing_fits_is_one_line(self):
         from accelerate import Accelerator
         config = TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)
         with self.assertRaisesRegex(UsageError, "even a batch of 1.*--gradient_checkpointing"):
-            loop.find_batch_size(Accelerator(cpu=True), config, _tiny_model(), self._make_batch(fits=0))
+            batch_size.find_batch_size(Accelerator(cpu=True), config, _tiny_model(), self._make_batch(fits=0))
 
     def test_run_with_the_flag_equals_run_without_when_the_batch_fits(self):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
