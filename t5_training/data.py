@@ -22,8 +22,15 @@ from t5_training.errors import UsageError
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
 from t5_training.tasks import make_formatter, make_label_normalizer, required_columns
 
-# Tensor cores and CPU vector units work on multiples of 8; padding further wastes compute.
-PAD_MULTIPLE = 8
+# Batches are padded to their longest row, rounded up to this multiple on a GPU only: tensor
+# cores tile by 8, and fewer distinct shapes mean fewer kernel autotunes and compiled graphs.
+# On a CPU the rounding is pure waste: a 2-token SST-2 target would cost 8 decoder positions.
+GPU_PAD_MULTIPLE = 8
+
+
+def pad_multiple() -> int:
+    """The multiple batch widths are rounded up to on this machine; see GPU_PAD_MULTIPLE."""
+    return GPU_PAD_MULTIPLE if torch.cuda.is_available() else 1
 
 
 def load_splits(
@@ -216,7 +223,7 @@ def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id:
 
 @dataclass(frozen=True)
 class Seq2SeqCollator:
-    """Pads a list of tokenized rows to the batch's longest row, rounded up to a multiple of 8.
+    """Pads a list of tokenized rows to the batch's longest row, rounded up to `pad_to_multiple_of`.
 
     Padding positions get `pad_token_id` in inputs and -100 in labels, so the loss ignores them.
     Fields other than token ids (text kept for reports) are dropped; `idx` is kept if present.
@@ -224,10 +231,11 @@ class Seq2SeqCollator:
 
     pad_token_id: int
     decoder_start_token_id: int
+    pad_to_multiple_of: int = 1
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        input_ids = _pad([r["input_ids"] for r in rows], self.pad_token_id)
-        labels = _pad([r["labels"] for r in rows], -100)
+        input_ids = _pad([r["input_ids"] for r in rows], self.pad_token_id, self.pad_to_multiple_of)
+        labels = _pad([r["labels"] for r in rows], -100, self.pad_to_multiple_of)
         batch = {
             "input_ids": input_ids,
             "attention_mask": (input_ids != self.pad_token_id).long(),
@@ -239,9 +247,9 @@ class Seq2SeqCollator:
         return batch
 
 
-def _pad(sequences: list[list[int]], value: int) -> torch.Tensor:
+def _pad(sequences: list[list[int]], value: int, multiple: int) -> torch.Tensor:
     longest = max(len(s) for s in sequences)
-    width = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
+    width = -(-longest // multiple) * multiple
     out = np.full((len(sequences), width), value, dtype=np.int64)
     for i, s in enumerate(sequences):
         out[i, : len(s)] = s
@@ -297,7 +305,7 @@ def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
 
 def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int):
     """The shuffled training loader and one ordered loader per eval split."""
-    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id)
+    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     train = model_columns(task.train)
     if config.group_by_length:
         # Encoder inputs dominate the cost (and the padding) of a text-to-text batch.
@@ -324,7 +332,7 @@ def make_longest_batch(task: TaskData, tokenizer, decoder_start_token_id: int):
     train = task.train
     source = max(train["input_ids"], key=len)
     target = max(train["labels"], key=len)
-    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id)
+    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     return lambda n: collate([{"input_ids": source, "labels": target}] * n)
 
 

@@ -38,8 +38,10 @@ BAR_WIDTH = 40
 # Keeping every row whole costs little when the longest is this short (batches are padded only
 # to their own longest row); beyond it, the longest rows are outliers worth cutting.
 KEEP_ALL_UP_TO = 128
+# A round number that GPU batches are padded to anyway (data.GPU_PAD_MULTIPLE).
+SUGGESTION_MULTIPLE = data.GPU_PAD_MULTIPLE
 SUGGESTION_RULE = (f"the longest row if it has at most {KEEP_ALL_UP_TO} tokens, else p99; "
-                   f"rounded up to a multiple of {data.PAD_MULTIPLE}")
+                   f"rounded up to a multiple of {SUGGESTION_MULTIPLE}")
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def suggest_length(lengths: np.ndarray) -> int:
     """A max length for these rows; see SUGGESTION_RULE."""
     longest = int(np.max(lengths))
     length = longest if longest <= KEEP_ALL_UP_TO else int(np.percentile(lengths, 99, method="inverted_cdf"))
-    return -(-length // data.PAD_MULTIPLE) * data.PAD_MULTIPLE
+    return -(-length // SUGGESTION_MULTIPLE) * SUGGESTION_MULTIPLE
 
 
 def histogram(lengths: np.ndarray, bins: int = HISTOGRAM_BINS) -> tuple[np.ndarray, np.ndarray]:

@@ -360,20 +360,20 @@ class CollatorTest(parameterized.TestCase):
         batch = collate(rows)
         self.assertEqual(sorted(batch), ["attention_mask", "decoder_input_ids", "idx", "input_ids", "labels"])
         self.assertEqual(batch["input_ids"].tolist(), [
-            [5, 6, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            [5, 6, 7, 8, 9, 10, 11, 12, 1, 0, 0, 0, 0, 0, 0, 0],
+            [5, 6, 1, 0, 0, 0, 0, 0, 0],
+            [5, 6, 7, 8, 9, 10, 11, 12, 1],
         ])
         self.assertEqual(batch["attention_mask"].tolist(), [
-            [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 1, 1],
         ])
         self.assertEqual(batch["labels"].tolist(), [
-            [7, 1, -100, -100, -100, -100, -100, -100],
-            [8, 9, 10, 11, 1, -100, -100, -100],
+            [7, 1, -100, -100, -100],
+            [8, 9, 10, 11, 1],
         ])
         self.assertEqual(batch["decoder_input_ids"].tolist(), [
-            [0, 7, 1, 0, 0, 0, 0, 0],
-            [0, 8, 9, 10, 11, 1, 0, 0],
+            [0, 7, 1, 0, 0],
+            [0, 8, 9, 10, 11],
         ])
         self.assertEqual(batch["idx"].tolist(), [4, 0])
         for key in ("input_ids", "attention_mask", "labels", "decoder_input_ids"):
@@ -381,14 +381,20 @@ class CollatorTest(parameterized.TestCase):
 
     @parameterized.named_parameters(("one", 1, 8), ("eight", 8, 8), ("nine", 9, 16), ("sixteen", 16, 16),
                                     ("seventeen", 17, 24))
-    def test_width_is_multiple_of_8(self, longest, width):
-        collate = data.Seq2SeqCollator(pad_token_id=0, decoder_start_token_id=0)
+    def test_width_rounds_up_to_multiple(self, longest, width):
+        collate = data.Seq2SeqCollator(pad_token_id=0, decoder_start_token_id=0, pad_to_multiple_of=8)
         batch = collate([{"input_ids": [3] * longest, "labels": [4] * longest}, {"input_ids": [3], "labels": [4]}])
         self.assertEqual(tuple(batch["input_ids"].shape), (2, width))
         self.assertEqual(tuple(batch["labels"].shape), (2, width))
         self.assertEqual(int(batch["attention_mask"].sum()), longest + 1)
         self.assertEqual(int((batch["labels"] == -100).sum()), 2 * width - longest - 1)
         self.assertNotIn("idx", batch)
+
+    def test_rounding_only_on_gpu(self):
+        # CPU batches pad to the longest row only: rounding a 2-token target to 8 would cost 4x
+        # the decoder work.
+        self.assertEqual(data.pad_multiple(), data.GPU_PAD_MULTIPLE if torch.cuda.is_available() else 1)
+        self.assertEqual(data.GPU_PAD_MULTIPLE, 8)
 
     def test_decoder_inputs_are_shifted_labels(self):
         labels = torch.tensor([[11, 12, 13, 1], [21, 1, -100, -100]])
