@@ -39,7 +39,6 @@ import argparse
 import csv
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -173,18 +172,10 @@ def run_hf(job: dict) -> dict:
             "trainer_reported_samples_per_second": output.metrics["test_samples_per_second"]}
 
 
-def child_main(job_path: str) -> None:
-    import torch
-
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
-    load_before = shared.load_average()
+def measure(job: dict) -> dict:
     result = run_hf(job) if job["side"] == BASELINE else run_ours(job)
-    result.update(side=job["side"], repeat=job["repeat"], threads=torch.get_num_threads(),
-                  load_average={"before": load_before, "after": shared.load_average()},
-                  examples_per_second=round(result["rows"] / result["seconds"], 2), seconds=round(result["seconds"], 3))
-    with open(job["result"], "w", encoding="utf-8") as f:
-        json.dump(result, f)
+    return {**result, "examples_per_second": round(result["rows"] / result["seconds"], 2),
+            "seconds": round(result["seconds"], 3)}
 
 
 # --- the comparison ----------------------------------------------------------------------------
@@ -192,7 +183,7 @@ def child_main(job_path: str) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.child:
-        child_main(args.child)
+        shared.child_main(args.child, measure)
         return {}
     started = time.perf_counter()
     shared.set_environment(args.threads)
@@ -208,16 +199,8 @@ def main(argv=None) -> dict:
     base = {"model": os.path.abspath(model), "eval_rows": args.eval_rows, "batch_size": args.batch_size,
             "max_source_length": args.max_source_length, "max_target_length": args.max_target_length,
             "seed": args.seed}
-    runs = []
-    for repeat in range(args.repeats):
-        order = SIDES if repeat % 2 == 0 else tuple(reversed(SIDES))
-        for side in order:
-            name = f"{side.replace(' ', '_')}-{repeat}"
-            run_dir = os.path.join(args.work_dir, name)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            job = {**base, "name": name, "side": side, "repeat": repeat, "run_dir": run_dir,
-                   "decoding": side.split()[-1]}
-            runs.append(shared.run_child(__file__, job, args.work_dir))
+    runs = shared.run_sides(__file__, SIDES, args.repeats, base, args.work_dir,
+                            side_job=lambda side: {"decoding": side.split()[-1]})
 
     # Per-row predictions from each side's first run; they do not change between runs.
     first = {side: next(r for r in runs if r["side"] == side) for side in SIDES}

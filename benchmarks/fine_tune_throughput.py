@@ -157,6 +157,26 @@ def run_child(script: str, job: dict, work_dir: str) -> dict:
     return result
 
 
+def run_sides(script: str, sides: tuple[str, ...], repeats: int, base: dict, work_dir: str, side_job,
+              keep_run_dirs: bool = True) -> list[dict]:
+    """Runs every side `repeats` times, each run a fresh process (run_child); returns the results.
+
+    The order alternates between repeats, so that no side always runs first on a machine that
+    warms up or gets busy. `side_job(side)` adds that side's own job fields to `base`.
+    """
+    runs = []
+    for repeat in range(repeats):
+        for side in sides if repeat % 2 == 0 else tuple(reversed(sides)):
+            name = f"{side.replace(' ', '_')}-{repeat}"
+            run_dir = os.path.join(work_dir, name)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            job = {**base, "name": name, "side": side, "repeat": repeat, "run_dir": run_dir, **side_job(side)}
+            runs.append(run_child(script, job, work_dir))
+            if not keep_run_dirs:
+                shutil.rmtree(run_dir, ignore_errors=True)
+    return runs
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -265,13 +285,14 @@ def run_hf(job: dict) -> dict:
             "trainer_reported_samples_per_second": output.metrics["train_samples_per_second"]}
 
 
-def child_main(job_path: str) -> None:
+def child_main(job_path: str, measure) -> None:
+    """Runs `measure(job)` for the job file `job_path` and writes its result where the job says."""
     import torch
 
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
     load_before = load_average()
-    result = run_hf(job) if job["side"].startswith("hf") else run_ours(job)
+    result = measure(job)
     # Recorded afterwards: the figures are only comparable if no side changed its thread count.
     result.update(side=job["side"], repeat=job["repeat"], threads=torch.get_num_threads(),
                   load_average={"before": load_before, "after": load_average()})
@@ -284,7 +305,7 @@ def child_main(job_path: str) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.child:
-        child_main(args.child)
+        child_main(args.child, lambda job: run_hf(job) if job["side"].startswith("hf") else run_ours(job))
         return {}
     started = time.perf_counter()
     set_environment(args.threads)
@@ -296,20 +317,10 @@ def main(argv=None) -> dict:
     base = {"model": model_dir, "tokenizer": tokenizer_dir, "steps": args.steps, "batch_size": args.batch_size,
             "train_rows": args.train_rows, "max_source_length": args.max_source_length,
             "max_target_length": args.max_target_length, "learning_rate": args.learning_rate, "seed": args.seed}
-    runs = []
-    for repeat in range(args.repeats):
-        # Alternate the order, so that neither side always runs first on a machine that warms up or gets busy.
-        order = SIDES if repeat % 2 == 0 else tuple(reversed(SIDES))
-        for side in order:
-            name = f"{side.replace(' ', '_')}-{repeat}"
-            run_dir = os.path.join(args.work_dir, name)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            job = {**base, "name": name, "side": side, "repeat": repeat, "run_dir": run_dir,
-                   "group_by_length": side == "ours group_by_length",
-                   "pad_to_max_length": side == "hf pad to max length"}
-            runs.append(run_child(__file__, job, args.work_dir))
-            # Checkpoints and exports of a t5-small run take about a GB; only the numbers matter here.
-            shutil.rmtree(run_dir, ignore_errors=True)
+    # Checkpoints and exports of a t5-small run take about a GB; only the numbers matter here.
+    runs = run_sides(__file__, SIDES, args.repeats, base, args.work_dir, keep_run_dirs=False,
+                     side_job=lambda side: {"group_by_length": side == "ours group_by_length",
+                                            "pad_to_max_length": side == "hf pad to max length"})
 
     table = [{"side": side,
               "samples/s": median_of(runs, side, "samples_per_second"),

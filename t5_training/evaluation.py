@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from accelerate.utils import DistributedType
+from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput
 
 from t5_training.data import shift_right
@@ -87,7 +88,10 @@ class GreedyDecoder:
     """Greedy predictions and teacher-forced loss of a batch, by generation or by scoring label candidates.
 
     The encoder runs once per batch; the loss's decoder pass, and generation or scoring, reuse
-    its output. Scoring runs the decoder once over every candidate, teacher-forced. Greedy
+    its output. Scoring runs the decoder once over every candidate, teacher-forced: a row's
+    candidates sit side by side in one decoder sequence, each attending only to itself
+    (`candidate_blocks_mask`), so the row's encoder output is projected to cross-attention keys
+    and values once, not once per candidate. Greedy
     decoding produces candidate c exactly when, at every position of c, c's next token is the
     argmax given c's prefix, and the logits of that one pass hold every such argmax. So a row
     whose argmaxes follow a candidate all the way (EOS included) gets that candidate, which is
@@ -114,11 +118,12 @@ class GreedyDecoder:
             return self._generate(unwrapped, encoded, mask, everything), row_loss, row_tokens
 
         (k, width), rows = self.candidates.shape, len(mask)
-        labels = self.candidates.repeat(rows, 1)
-        logits = unwrapped(encoder_outputs=(encoded.repeat_interleave(k, dim=0),),
-                           attention_mask=mask.repeat_interleave(k, dim=0),
-                           decoder_input_ids=shift_right(labels, unwrapped.config.decoder_start_token_id,
-                                                         self.pad)).logits
+        labels = self.candidates.repeat(rows, 1)  # row r's candidate c at r * k + c
+        decoder_input_ids = shift_right(labels, unwrapped.config.decoder_start_token_id, self.pad)
+        logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,
+                           decoder_input_ids=decoder_input_ids.view(rows, k * width),
+                           decoder_attention_mask=candidate_blocks_mask(unwrapped, k, width)).logits
+        logits = logits.view(rows * k, width, -1)
         follows = ((logits.argmax(dim=-1) == labels) | (labels == -100)).all(dim=-1).view(rows, k)
         chosen = self.candidates[follows.int().argmax(dim=1)]
         predicted = chosen.masked_fill(chosen == -100, self.pad)
@@ -165,6 +170,27 @@ class GreedyDecoder:
             synced_gpus=_is_zero3(self.accelerator),
         )
         return generated[:, 1:]  # without the decoder start token
+
+
+def candidate_blocks_mask(model, blocks: int, width: int):
+    """The decoder self-attention mask of `blocks` sequences of `width` tokens laid end to end.
+
+    Each position attends causally within its own block and never to another, so every block's
+    logits are those of the block decoded alone: T5's self-attention bias depends only on the
+    distance between two positions, which is the same inside a block wherever the block sits,
+    and its cross-attention has no position bias. Built by transformers' own mask factory, so it
+    has the form the model's attention implementation expects (boolean for SDPA, additive for
+    eager), with a batch of one that broadcasts over the rows.
+    """
+    decoder = model.get_decoder()
+
+    def same_block(batch_idx, head_idx, q_idx, kv_idx):
+        return q_idx // width == kv_idx // width
+
+    shape_only = torch.empty((1, blocks * width, 1), dtype=decoder.get_input_embeddings().weight.dtype,
+                             device=decoder.get_input_embeddings().weight.device)
+    return create_causal_mask(config=decoder.config, inputs_embeds=shape_only, attention_mask=None,
+                              past_key_values=None, and_mask_function=same_block)
 
 
 def _row_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

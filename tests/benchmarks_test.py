@@ -65,6 +65,58 @@ class BenchmarksTest(fixtures.TempDirTestCase):
             self.assertGreater(entry["per-example_examples_per_second"], 0)
             self.assertGreater(entry["speedup"], 0)
 
+    def test_memory_estimator(self):
+        results = self.run_quick("memory_estimator.py")
+        self.assertEqual((results["device"], results["steps"]), ("cpu", 2))
+        (row,) = results["rows"]
+        self.assertEqual((row["config"], row["batch"], row["lengths"], row["optim"]), ("t5-tiny", 16, "128->8",
+                                                                                       "adamw_torch"))
+        estimate = row["estimate"]
+        # fp32 weights and gradients, and AdamW's two fp32 moments per trainable weight.
+        self.assertEqual(estimate["weights"], 4 * estimate["parameters"])
+        self.assertEqual(estimate["gradients"], 4 * estimate["trainable_parameters"])
+        self.assertEqual(estimate["optimizer_state"], 8 * estimate["trainable_parameters"])
+        self.assertGreater(estimate["activations"], 0)
+        self.assertBetween(estimate["total"], estimate["weights"] + estimate["optimizer_state"],
+                           sum(estimate[k] for k in ("weights", "gradients", "optimizer_state", "activations")))
+        self.assertLen(row["step_peaks"], 2)
+        self.assertGreater(row["measured_bytes"], 0)
+        self.assertAlmostEqual(row["error %"], 100 * (estimate["total"] - row["measured_bytes"])
+                               / row["measured_bytes"], delta=0.1)
+
+    def test_fine_tune_throughput(self):
+        results = self.run_quick("fine_tune_throughput.py", "--work_dir", os.path.join(self.dir, "work"))
+        sides = ["ours group_by_length", "ours", "hf dynamic padding", "hf pad to max length"]
+        self.assertEqual([row["side"] for row in results["table"]], sides)
+        self.assertCountEqual([run["side"] for run in results["runs"]], sides)
+        for run in results["runs"]:
+            # Every side trained the same number of steps of the same batch, in one thread.
+            self.assertEqual((run["steps"], run["threads"]), (4, 1), run["side"])
+            self.assertAlmostEqual(run["samples_per_second"], 4 * 8 / run["seconds"], delta=0.01, msg=run["side"])
+            self.assertGreater(run["tokens_per_second"], 0, run["side"])
+            self.assertTrue(0 < run["train_loss"] < 20, run["train_loss"])
+        self.assertCountEqual(results["ratios"], ["ours group_by_length / hf dynamic padding",
+                                                  "ours group_by_length / hf pad to max length",
+                                                  "ours / hf dynamic padding"])
+        self.assertCountEqual(results["goals"], ["ours group_by_length / hf dynamic padding >= 1.5",
+                                                 "ours group_by_length / hf pad to max length >= 2.0"])
+
+    def test_eval_throughput(self):
+        results = self.run_quick("eval_throughput.py", "--work_dir", os.path.join(self.dir, "work"))
+        sides = ["ours score", "ours generate", "hf predict_with_generate"]
+        self.assertEqual([row["side"] for row in results["table"]], sides)
+        # What does not depend on the machine: every side predicts every row exactly as HF's greedy
+        # generation does, so the accuracies are equal too.
+        self.assertEqual(results["predictions_identical"], {"ours score": True, "ours generate": True})
+        self.assertEqual([row["rows differing from hf"] for row in results["table"]], [0, 0, 0])
+        self.assertLen(set(results["accuracy"].values()), 1)
+        for run in results["runs"]:
+            self.assertEqual(run["rows"], 64, run["side"])
+            self.assertGreater(run["examples_per_second"], 0, run["side"])
+        # The teacher-forced dev loss is the same computation on both sides.
+        losses = [run["loss"] for run in results["runs"]]
+        self.assertLess(max(losses) - min(losses), 1e-3 * max(losses), losses)
+
     def test_streaming_memory(self):
         results = self.run_quick("streaming_memory.py", "--tokenizer", fixtures.sst2_tokenizer_dir())
         self.assertEqual(results["sizes_mb"], [0.2, 2.0])

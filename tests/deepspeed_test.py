@@ -70,7 +70,8 @@ def _ds_config(checkpoint_path):
     return torch.load(os.path.join(folder, name), map_location="cpu", weights_only=True)["ds_config"]
 
 
-class DeepSpeedTest(absltest.TestCase):
+class _DeepSpeedCase(absltest.TestCase):
+    """A tiny model saved once, and one plain process's run that every DeepSpeed run must reproduce."""
 
     @classmethod
     def setUpClass(cls):
@@ -135,11 +136,22 @@ class DeepSpeedTest(absltest.TestCase):
         with open(os.path.join(out, "predictions_validation.tsv"), encoding="utf-8") as f:
             self.assertLen(f.readlines(), 33)
 
+
+# One class per run: the test runner spreads classes over its workers, and the plain run they
+# share costs seconds.
+class Zero2Test(_DeepSpeedCase):
+
     def test_zero2_trains_like_one_process_resumes_and_exports(self):
         self.assert_trains_resumes_and_exports(os.path.join(CONFIGS, "deepspeed_zero2.yaml"), 2)
 
+
+class Zero3Test(_DeepSpeedCase):
+
     def test_zero3_trains_like_one_process_resumes_and_exports(self):
         self.assert_trains_resumes_and_exports(os.path.join(CONFIGS, "deepspeed_zero3.yaml"), 3)
+
+
+class OffloadTest(_DeepSpeedCase):
 
     def test_offload_with_deepspeed_cpu_adam_trains_like_torch_adamw(self):
         # The config's "optimizer" block makes DeepSpeed build CPU Adam (the script passes a

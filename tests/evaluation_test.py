@@ -96,6 +96,36 @@ class ScoreEqualsGreedyTest(parameterized.TestCase):
             self.assertLen(f.read().splitlines(), 33)
 
 
+class CandidateBlocksTest(parameterized.TestCase):
+    """Candidates laid end to end in one decoder sequence give the logits of each decoded alone."""
+
+    @parameterized.parameters("sdpa", "eager")
+    def test_blocks_equal_separate_sequences(self, attention):
+        from transformers import AutoConfig, T5ForConditionalGeneration
+
+        config = AutoConfig.from_pretrained(fixtures.TINY_CONFIG, vocab_size=64)
+        config._attn_implementation = attention
+        torch.manual_seed(0)
+        model = T5ForConditionalGeneration(config).eval()
+        rows, k, width = 3, 3, 4
+        candidates = torch.tensor([[5, 6, 7, 1], [8, 1, -100, -100], [9, 10, 1, -100]])
+        mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 7 + [0] * 2])
+        input_ids = torch.randint(2, 64, (rows, 9)) * mask
+        decoder_input_ids = data.shift_right(candidates.repeat(rows, 1), 0, 0)
+        with torch.no_grad():
+            encoded = model.get_encoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            separate = model(encoder_outputs=(encoded.repeat_interleave(k, dim=0),),
+                             attention_mask=mask.repeat_interleave(k, dim=0), decoder_input_ids=decoder_input_ids).logits
+            blocks = model(encoder_outputs=(encoded,), attention_mask=mask,
+                           decoder_input_ids=decoder_input_ids.view(rows, k * width),
+                           decoder_attention_mask=evaluation.candidate_blocks_mask(model, k, width)).logits
+            # Without the mask, later candidates would see earlier ones: the check can fail.
+            unmasked = model(encoder_outputs=(encoded,), attention_mask=mask,
+                             decoder_input_ids=decoder_input_ids.view(rows, k * width)).logits
+        torch.testing.assert_close(blocks.view(rows * k, width, -1), separate, rtol=1e-5, atol=1e-5)
+        self.assertGreater(float((unmasked.view(rows * k, width, -1) - separate).abs().max()), 1e-3)
+
+
 class ResolveDecodingTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("classification_auto", "sst2", "auto", "score"),

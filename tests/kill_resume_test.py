@@ -14,7 +14,7 @@ from absl.testing import absltest, parameterized
 from tests import fixtures, kill_harness
 
 
-class KillResumeTest(fixtures.TempDirTestCase):
+class _KillResumeCase(fixtures.TempDirTestCase):
 
     def _check(self, scenario, points):
         reference = kill_harness.reference_run(scenario, os.path.join(self.dir, "reference"))
@@ -25,12 +25,22 @@ class KillResumeTest(fixtures.TempDirTestCase):
                                                        point)
                 self.assertIsNone(kill_harness.first_difference(reference, resumed))
 
+
+# One class per script: the test runner spreads classes over its workers.
+class FineTuneKillResumeTest(_KillResumeCase):
+
     def test_fine_tune(self):
         # Mid-accumulation (micro-batch 1 of 2), during an evaluation, and while a checkpoint is written.
         self._check(kill_harness.fine_tune_scenario(), ["micro:7:1", "eval:8", "save:6"])
 
+
+class PreTrainKillResumeTest(_KillResumeCase):
+
     def test_pre_train(self):
         self._check(kill_harness.pre_train_scenario(self.dir), ["micro:5:1", "save:10", "eval:4"])
+
+
+class StreamingKillResumeTest(_KillResumeCase):
 
     def test_pre_train_streaming(self):
         # A stream is re-read and the consumed batches skipped (README, "What resume restores").
