@@ -92,7 +92,9 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         for run in results["runs"]:
             # Every side trained the same number of steps of the same batch, in one thread.
             self.assertEqual((run["steps"], run["threads"]), (4, 1), run["side"])
-            self.assertAlmostEqual(run["samples_per_second"], 4 * 8 / run["seconds"], delta=0.01, msg=run["side"])
+            # (train_results.json rounds its runtime to 10 ms.)
+            self.assertAlmostEqual(run["samples_per_second"], 4 * 8 / run["seconds"],
+                                   delta=0.02 * run["samples_per_second"], msg=run["side"])
             self.assertGreater(run["tokens_per_second"], 0, run["side"])
             self.assertTrue(0 < run["train_loss"] < 20, run["train_loss"])
         self.assertCountEqual(results["ratios"], ["ours group_by_length / hf dynamic padding",
