@@ -1,0 +1,75 @@
+"""--auto_find_batch_size (t5_training/batch_size.py): the largest batch that fits, same global batch.
+
+Too-large batches fail for real: the CPU allocator refuses them, nothing is mocked.
+"""
+import tempfile
+
+import torch
+from absl.testing import absltest
+
+from t5_training import batch_size
+from t5_training.config import TrainingConfig
+from t5_training.errors import UsageError
+from tests import fixtures
+from tests.loop_test import _losses, _run
+
+
+def _tiny_model():
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+    torch.manual_seed(0)
+    return AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(fixtures.TINY_CONFIG))
+
+
+def _rows(n, source, target):
+    ids = torch.full((n, source), 5)
+    labels = torch.full((n, target), 6)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
+            "decoder_input_ids": torch.full((n, target), 0)}
+
+
+class FindBatchSizeTest(absltest.TestCase):
+    # Beyond `fits` rows the batch is 2**17 tokens long: its first length x length tensor (the
+    # relative positions, 128 GiB) is one allocation larger than any machine here, so the CPU
+    # allocator refuses it at once (no mock), as it refuses a too-large batch.
+
+    def _make_batch(self, fits):
+        return lambda n: _rows(n, 16, 4) if n <= fits else _rows(n, 2 ** 17, 4)
+
+    def test_steps_down_through_divisors_keeping_the_global_batch(self):
+        from accelerate import Accelerator
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        config = TrainingConfig(per_device_train_batch_size=12, gradient_accumulation_steps=2,
+                                auto_find_batch_size=True)
+        model = _tiny_model()
+        before = torch.get_rng_state()
+        found = batch_size.find_batch_size(accelerator, config, model, self._make_batch(fits=5))
+        # 12 -> 6 -> 4: the largest divisor of 12 that fits 5.
+        self.assertEqual((found.per_device_train_batch_size, found.gradient_accumulation_steps), (4, 6))
+        self.assertEqual(accelerator.gradient_accumulation_steps, 6)
+        self.assertEqual(config.per_device_train_batch_size, 12)  # a new config; the old one is untouched
+        self.assertTrue(torch.equal(torch.get_rng_state(), before), "the probe drew from the global RNG")
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+
+    def test_off_or_fitting_returns_the_same_config(self):
+        from accelerate import Accelerator
+        accelerator = Accelerator(cpu=True)
+        for config in (TrainingConfig(per_device_train_batch_size=64),
+                       TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)):
+            found = batch_size.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=4))
+            self.assertIs(found, config)
+
+    def test_nothing_fits_is_one_line(self):
+        from accelerate import Accelerator
+        config = TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)
+        with self.assertRaisesRegex(UsageError, "even a batch of 1.*--gradient_checkpointing"):
+            batch_size.find_batch_size(Accelerator(cpu=True), config, _tiny_model(), self._make_batch(fits=0))
+
+    def test_run_with_the_flag_equals_run_without_when_the_batch_fits(self):
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            _run(a, "--max_steps", "3", "--save_steps", "3")
+            _run(b, "--max_steps", "3", "--save_steps", "3", "--auto_find_batch_size")
+            self.assertEqual(_losses(a), _losses(b))
+
+
+if __name__ == "__main__":
+    absltest.main()
