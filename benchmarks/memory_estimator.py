@@ -130,7 +130,7 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     batch = _batch(job, model_config.vocab_size, device)
     model = AutoModelForSeq2SeqLM.from_config(model_config).to(device)
     for name, param in model.named_parameters():
-        if memory._part_of(name) in job.get("frozen", []):
+        if memory.part_of(name) in job.get("frozen", []):
             param.requires_grad_(False)
     if job.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable()

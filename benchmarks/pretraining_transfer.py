@@ -56,7 +56,7 @@ def main() -> None:
         train_tokenizer(lines, tokenizer, vocab_size=args.vocab_size)
 
     pretrain_dir = os.path.join(args.output_dir, "pretrain")
-    pretrained = pre_train_t5.main([
+    pre_train_t5.main([
         "--config_name", TINY, "--tokenizer_name", tokenizer, "--train_file", *WIKITEXT,
         "--output_dir", pretrain_dir, "--resume_from_checkpoint", "auto", "--max_seq_length", "128",
         "--per_device_train_batch_size", "32", "--max_steps", str(args.pretrain_steps),

@@ -19,32 +19,9 @@ once). Bytes per parameter, as accelerate and DeepSpeed hold them:
                  d_model**2 reduce bucket), 3 also the weights (plus the largest layer, gathered)
 
 Activations are what autograd saves for backward, followed op by op through transformers'
-modeling_t5.py with the default SDPA attention (`_Tape` below), deduplicated by storage. Per token
-of a layer, with everything trainable, fp32 and dropout > 0 on the CPU (d = d_model, i = num_heads *
-d_kv, f = d_ff, H = heads, L = keys attended):
+modeling_t5.py (`t5_training.activation_memory`, which gives the bytes per token of each layer),
+with the peak followed through the backward pass rather than summed.
 
-    encoder layer  4 * (8d + 2 + 4i + 3f) + 12 * H * L bytes
-        8d: each layer norm saves its input, its normalized value and its output (the next matmul's
-        input), and each of the two sublayer outputs its dropout mask; 2: the per-token rsqrt of
-        both norms; 4i: q, k, v (copied for batched matmuls) and the attention output; 3f: ReLU
-        output, its dropout mask and the dropped values; 12HL: softmax output, its dropout mask and
-        the dropped probabilities: the L x L terms that dominate long inputs.
-    decoder layer  the same with a cross-attention sublayer: +4 * (4d + 1 + 2i) + 12 * H * source
-        per target token, and k, v of the encoder output (2 * source * i * 4 per layer).
-
-Variants follow the code: ReLU becomes gated-GELU (8f instead of 3f) in T5 v1.1; dropout 0 saves
-no masks; CUDA keeps 1-byte dropout masks and runs memory-efficient attention (q, k, v, output and
-the bias, no L x L probabilities); autocast saves 16-bit copies of each matmul's input and weight
-while norms, the residual stream and softmax stay fp32. Outside the layers: the embedding lookups,
-the final norms and, for the loss, the fp32 log-probabilities (target tokens x vocabulary), which
-the cross entropy keeps. Frozen parameters need no gradient, no optimizer state, and spare the
-activations only their own weight gradient needed.
-
-The peak is followed through the step rather than summed: backward runs the autograd nodes in
-reverse, freeing each saved tensor after the first node that saved it, while parameter gradients
-appear layer by layer and each node needs its output's and inputs' gradients meanwhile (for the
-loss: two more log-prob-sized tensors). With gradient checkpointing, only each layer's inputs
-stay, and one layer's tensors exist again while backward recomputes it.
 The optimizer step holds weights, gradients, state and its temporaries (per-tensor loops: a few
 copies of the largest tensor; CUDA foreach AdamW: one copy of all of them). Not counted: the
 CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
@@ -54,16 +31,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import json
 import math
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import torch
 
+from t5_training import activation_memory
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
 
@@ -148,276 +124,8 @@ class MemoryEstimate:
         return dataclasses.asdict(self)
 
 
-# --- what autograd saves ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _T:
-    """A tensor as memory sees it: its storage (key), elements, bytes per element, requires_grad."""
-
-    key: int
-    numel: int
-    itemsize: int
-    rg: bool
-
-
-class _Tape:
-    """Runs T5's forward symbolically, op by op as modeling_t5.py and torch run it, recording for
-    each autograd node the storages it saves and the gradients that exist while backward runs it."""
-
-    def __init__(self, *, device: str, precision: str, pure16: bool, dropout: float, checkpointing: bool):
-        self.cpu, self.dropout_rate, self.checkpointing = device == "cpu", dropout, checkpointing
-        self.autocast = precision != "fp32" and not pure16  # fp32 weights, 16-bit matmuls
-        self.weight_bytes = 2 if pure16 else 4
-        self.clamp = pure16 and precision == "fp16"  # T5Block clamps fp16 hidden states
-        self.bytes: dict[int, int] = {}  # storage key -> bytes
-        self.nodes: list[tuple[int, list[int], int]] = []  # (stage, keys saved, gradient bytes), forward order
-        self.kept = collections.defaultdict(set)  # stage (a checkpointed layer) -> inputs kept for recompute
-        self.stage = 0
-        self._keys = itertools.count()
-
-    def new(self, numel: int, itemsize: int, rg: bool) -> _T:
-        t = _T(next(self._keys), numel, itemsize, rg)
-        self.bytes[t.key] = numel * itemsize
-        return t
-
-    def node(self, saves: Sequence[tuple[_T, bool]], grads: Sequence[_T]) -> None:
-        """One autograd node: the tensors it saves (each when its condition holds) and the gradients
-        alive while backward runs it: its output's and its inputs' (those that require grad)."""
-        keys = [t.key for t, when in saves if when and t.numel]
-        self.nodes.append((self.stage, keys, sum(t.numel * t.itemsize for t in grads if t.rg)))
-
-    def saved_by(self, stage: int | None = None) -> set[int]:
-        return {key for s, keys, _ in self.nodes if stage is None or s == stage for key in keys}
-
-    def cast(self, t: _T, itemsize: int) -> _T:
-        return t if t.itemsize == itemsize else self.new(t.numel, itemsize, t.rg)
-
-    def add(self, a: _T, b: _T) -> _T:  # saves nothing; the gradient passes through
-        return self.new(a.numel, max(a.itemsize, b.itemsize), a.rg or b.rg)
-
-    def mul(self, a: _T, b: _T) -> _T:  # each factor is saved for the other's gradient
-        out = self.add(a, b)
-        self.node([(a, b.rg), (b, a.rg)], [out, a, b])
-        return out
-
-    def linear(self, x: _T, n_in: int, n_out: int, trainable: bool) -> _T:
-        """nn.Linear(bias=False): the input for the weight's gradient; under autocast a 16-bit copy
-        of the input and, for the input's gradient, of the weight."""
-        x = self.cast(x, 2) if self.autocast else x
-        out = self.new(x.numel // n_in * n_out, x.itemsize, x.rg or trainable)
-        self.node([(x, trainable), (self.new(n_in * n_out, 2, False), self.autocast and x.rg)], [out, x])
-        return out
-
-    def layer_norm(self, x: _T, tokens: int, trainable: bool) -> _T:
-        """T5LayerNorm: fp32 variance (pow saves x); x * rsqrt(variance) saves both; weight * that
-        saves the normalized value for the weight's gradient."""
-        x32, rsqrt = self.cast(x, 4), self.new(tokens, 4, x.rg)
-        normed = self.cast(self.new(x.numel, 4, x.rg), self.weight_bytes)
-        out = self.new(x.numel, normed.itemsize, x.rg or trainable)
-        self.node([(x32, x.rg), (x, x.rg), (rsqrt, x.rg), (normed, trainable)], [out, x32])
-        return out
-
-    def dropout(self, x: _T) -> _T:
-        """CPU dropout multiplies by a float mask of x's dtype; CUDA's fused kernel keeps a bool mask."""
-        if self.dropout_rate == 0:
-            return x  # F.dropout with p=0 returns its input
-        out = self.new(x.numel, x.itemsize, x.rg)
-        self.node([(self.new(x.numel, x.itemsize if self.cpu else 1, False), x.rg)], [out, x])
-        return out
-
-    def relu(self, x: _T) -> _T:
-        out = self.new(x.numel, x.itemsize, x.rg)
-        self.node([(out, x.rg)], [out, x])
-        return out
-
-    def gelu_new(self, x: _T) -> _T:
-        """0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))): saves x, tanh, 0.5x and (1 + tanh).
-        CUDA autocast runs pow in fp32, which carries the rest of the formula to fp32."""
-        wide = 4 if self.autocast and not self.cpu else x.itemsize
-        half, tanh, one_plus = (self.new(x.numel, size, x.rg) for size in (x.itemsize, wide, wide))
-        out = self.new(x.numel, wide, x.rg)
-        self.node([(self.cast(x, wide), x.rg), (tanh, x.rg), (half, x.rg), (one_plus, x.rg)], [out, x])
-        return out
-
-    def attention(self, q: _T, k: _T, v: _T, bias: _T, *, batch: int, heads: int, queries: int, keys: int) -> _T:
-        """scaled_dot_product_attention with T5's additive float mask (position bias, min where masked).
-
-        With dropout, or a mask that needs a gradient (the relative position bias being trained),
-        the CPU runs its math kernel in fp32: reshaped copies of q, k, v, the softmax output and,
-        with dropout, its mask and result (three L x L tensors). Otherwise (CPU flash attention,
-        and always on CUDA: memory-efficient attention) it keeps q, k, v, the mask, its output and
-        the log-sum-exp; nothing L x L but the mask (and its gradient, in backward).
-        """
-        rg = q.rg or k.rg or v.rg or bias.rg
-        mask_grad = self.new(batch * heads * queries * keys, bias.itemsize, bias.rg)
-        if self.cpu and (self.dropout_rate > 0 or bias.rg):
-            q32, k32, v32 = (self.new(t.numel, 4, t.rg) for t in (q, k, v))
-            scores = self.new(batch * heads * queries * keys, 4, q.rg or k.rg or bias.rg)
-            self.node([(q32, k.rg), (k32, q.rg)], [scores, q32, k32, mask_grad])  # q @ k^T + mask
-            probs = self.new(scores.numel, 4, scores.rg)
-            self.node([(probs, scores.rg)], [probs, scores])  # softmax
-            attn = self.dropout(probs)
-            out = self.new(q.numel, 4, rg)
-            self.node([(attn, v.rg), (v32, attn.rg)], [out, attn, v32])  # probs @ v
-            return self.new(q.numel, q.itemsize, rg)  # back to q's dtype, heads merged (a copy)
-        mask = self.cast(bias, q.itemsize)  # autocast casts the mask with q, k, v
-        if not self.cpu and keys % 16:
-            mask = self.new(mask.numel // keys * (-(-keys // 16) * 16), mask.itemsize, mask.rg)  # aligned copy
-        out = self.new(q.numel, q.itemsize, rg)  # laid out so that merging heads needs no copy
-        lse = self.new(batch * heads * (queries if self.cpu else -(-queries // 32) * 32), 4, False)
-        self.node([(t, rg) for t in (q, k, v, mask, out, lse)], [out, q, k, v, mask_grad])
-        return out
-
-
-def _trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, bool], device: str, precision: str,
-           pure16: bool, checkpointing: bool, padding: bool) -> tuple[_Tape, list[str]]:
-    """One training forward of T5ForConditionalGeneration plus the project's fp32 cross entropy
-    (`loop.token_cross_entropy_sum`), stage by stage in the order backward undoes them."""
-    tape = _Tape(device=device, precision=precision, pure16=pure16, dropout=cfg.dropout_rate,
-                 checkpointing=checkpointing)
-    d, inner, d_ff, heads, vocab = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff, cfg.num_heads, cfg.vocab_size
-    matmul_bytes = 4 if precision == "fp32" else 2
-    stages: list[str] = []
-
-    def begin(name: str) -> None:
-        tape.stage = len(stages)
-        stages.append(name)
-
-    def embed(tokens: int) -> _T:
-        # Gradient checkpointing makes the embedding output require grad (enable_input_require_grads).
-        out = tape.new(tokens * d, tape.weight_bytes, trainable["embeddings"] or checkpointing)
-        tape.node([(tape.new(tokens, 8, False), trainable["embeddings"])], [out])  # saves the token ids
-        return tape.dropout(out)
-
-    def relative_bias(length: int, trainable_bias: bool) -> _T:
-        values = tape.new(heads * length * length, tape.weight_bytes, trainable_bias)  # a permuted view
-        tape.node([(tape.new(length * length, 8, False), trainable_bias)], [values])  # saves the buckets
-        return values
-
-    def where(condition: _T, bias: _T, rows: int) -> _T:  # create_position_bias_mask, in every layer
-        out = tape.new(rows * bias.numel, bias.itemsize, bias.rg)
-        tape.node([(condition, bias.rg)], [out, out])  # the bias's gradient before summing over the batch
-        return out
-
-    def sublayer_output(x: _T, y: _T) -> _T:
-        x = tape.add(x, tape.dropout(y))
-        if tape.clamp:  # torch.clamp saves its input
-            out = tape.new(x.numel, x.itemsize, x.rg)
-            tape.node([(x, x.rg)], [out, x])
-            x = out
-        return x
-
-    def block(x: _T, length: int, bias: _T, tr: bool, cross: tuple[_T, _T] | None = None) -> _T:
-        tokens = batch * length
-        h = tape.layer_norm(x, tokens, tr)
-        q, k, v = (tape.linear(h, d, inner, tr) for _ in range(3))
-        a = tape.attention(q, k, v, bias, batch=batch, heads=heads, queries=length, keys=length)
-        x = sublayer_output(x, tape.linear(a, inner, d, tr))
-        if cross:
-            encoded, cross_bias = cross
-            h = tape.layer_norm(x, tokens, tr)
-            q = tape.linear(h, d, inner, tr)
-            k, v = (tape.linear(encoded, d, inner, tr) for _ in range(2))
-            a = tape.attention(q, k, v, cross_bias, batch=batch, heads=heads, queries=length, keys=source)
-            x = sublayer_output(x, tape.linear(a, inner, d, tr))
-        h = tape.layer_norm(x, tokens, tr)
-        if cfg.is_gated_act:
-            y = tape.mul(tape.gelu_new(tape.linear(h, d, d_ff, tr)), tape.linear(h, d, d_ff, tr))
-        else:
-            y = tape.relu(tape.linear(h, d, d_ff, tr))
-        y = tape.cast(tape.dropout(y), tape.weight_bytes)  # .to(wo.weight.dtype)
-        return sublayer_output(x, tape.linear(y, d_ff, d, tr))
-
-    tr = trainable["encoder"]
-    begin("encoder embedding")
-    x = embed(batch * source)
-    padding_mask = tape.new(batch * source * source, 1, False) if padding else None
-    for layer in range(cfg.num_layers):
-        begin(f"encoder layer {layer}")
-        if layer == 0:
-            bias = relative_bias(source, tr)  # computed by the first layer, passed on to the others
-        tape.kept[tape.stage] = {t.key for t in (x, padding_mask, bias if layer else None) if t}
-        # The bias is a permuted view: .contiguous() copies it when no padding mask is combined in.
-        mask = where(padding_mask, bias, batch) if padding else tape.new(bias.numel, bias.itemsize, bias.rg)
-        x = block(x, source, mask, tr)
-    begin("encoder final norm")
-    encoded = tape.dropout(tape.layer_norm(x, batch * source, tr))
-
-    tr = trainable["decoder"]
-    begin("decoder embedding")
-    y = embed(batch * target)
-    cross_mask = tape.new(batch * target * source, 1, False) if padding else None
-    for layer in range(cfg.num_decoder_layers):
-        begin(f"decoder layer {layer}")
-        if layer == 0:
-            bias = relative_bias(target, tr)
-            # Layers without a relative bias add zeros; under checkpointing these require grad.
-            zeros = tape.new(heads * target * source, matmul_bytes, checkpointing)
-        tape.kept[tape.stage] = {t.key for t in (y, encoded, cross_mask, bias if layer else None,
-                                                 zeros if layer else None) if t}
-        causal = where(tape.new(target * target, 1, False), bias, 1)
-        cross_bias = where(cross_mask, zeros, batch) if padding else zeros
-        y = block(y, target, causal, tr, cross=(encoded, cross_bias))
-    begin("decoder final norm")
-    y = tape.dropout(tape.layer_norm(y, batch * target, tr))
-
-    begin("lm head and loss")
-    if getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings):
-        y = tape.new(y.numel, y.itemsize, y.rg)  # * d_model**-0.5 (a scalar: nothing saved)
-    logits = tape.linear(y, d, vocab, trainable["embeddings"])
-    logits32 = tape.cast(logits, 4)  # loop.token_cross_entropy_sum computes the loss in fp32
-    if logits32 is not logits:
-        tape.node([], [logits32, logits])
-    log_probs = tape.new(logits.numel, 4, logits.rg)
-    tape.node([(log_probs, logits.rg)], [log_probs, logits32])  # log_softmax saves its output
-    tape.node([(tape.new(batch * target, 8, False), logits.rg)], [log_probs])  # nll_loss saves the labels
-    return tape, stages
-
-
-def _activation_profile(tape: _Tape, stages: list[str]) -> list[tuple[int, int]]:
-    """For each autograd node, in forward order: (its stage, the bytes of activations alive while
-    backward runs it plus the gradients it needs meanwhile). Backward runs the nodes in reverse and
-    frees a saved tensor once it has run the first node that saved it. With checkpointing, a layer
-    keeps only its inputs, and its own tensors exist again while backward is inside it."""
-    blocks = {s for s, name in enumerate(stages) if " layer " in name}
-    checkpointed = tape.checkpointing and bool(blocks)
-    profile = []
-    alive: set[int] = set()  # saved outside checkpointed layers, by this node or an earlier one
-    alive_bytes = 0
-    kept: set[int] = set()  # inputs of the checkpointed layers so far
-    layer: set[int] = set()  # saved by the checkpointed layer of this node, up to this node
-    for i, (stage, keys, grads) in enumerate(tape.nodes):
-        if checkpointed and stage in blocks:
-            if i == 0 or tape.nodes[i - 1][0] != stage:
-                layer = set()
-                kept |= tape.kept[stage]
-            layer.update(keys)
-        else:
-            layer = set()
-            for key in keys:
-                if key not in alive:
-                    alive.add(key)
-                    alive_bytes += tape.bytes[key]
-        extra = ((kept | layer) - alive) if checkpointed else ()
-        profile.append((stage, alive_bytes + sum(tape.bytes[k] for k in extra) + grads))
-    return profile
-
-
-def _stage_of(name: str, stages: list[str], tied: bool) -> int:
-    """The stage whose backward creates this parameter's gradient: the last one to use it."""
-    block = re.match(r"(encoder|decoder)\.block\.(\d+)\.", name)
-    if block:
-        return stages.index(f"{block[1]} layer {block[2]}")
-    if name.endswith("final_layer_norm.weight"):
-        return stages.index(f"{name.split('.')[0]} final norm")
-    if name == "lm_head.weight" or (name == "shared.weight" and tied):
-        return stages.index("lm head and loss")
-    if name == "shared.weight":
-        return stages.index("decoder embedding")
-    raise UsageError(f"unexpected parameter {name}: only T5ForConditionalGeneration layouts are supported")
-
-
-def _part_of(name: str) -> str:
+def part_of(name: str) -> str:
+    """The component a parameter belongs to: embeddings, encoder or decoder (as --freeze_* names them)."""
     return "embeddings" if name in ("shared.weight", "lm_head.weight") else name.split(".")[0]
 
 
@@ -454,12 +162,13 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
     pure16 = zero_stage > 0 and precision != "fp32"  # DeepSpeed runs the model itself in 16-bit
     weight_bytes = 2 if pure16 else 4
     trainable = {part: part not in frozen for part in FROZEN}
-    tape, stages = _trace(model_config, batch=batch_size, source=source_length, target=target_length,
-                          trainable=trainable, device=device, precision=precision, pure16=pure16,
-                          checkpointing=gradient_checkpointing, padding=padding)
+    tape, stages = activation_memory.trace(
+        model_config, batch=batch_size, source=source_length, target=target_length, trainable=trainable,
+        device=device, precision=precision, pure16=pure16, checkpointing=gradient_checkpointing, padding=padding)
     shapes = parameter_shapes(model_config)
-    stage_of = {name: _stage_of(name, stages, model_config.tie_word_embeddings) for name in shapes}
-    learn = [name for name in shapes if trainable[_part_of(name)]]
+    tied = model_config.tie_word_embeddings
+    stage_of = {name: activation_memory.gradient_stage(name, stages, tied) for name in shapes}
+    learn = [name for name in shapes if trainable[part_of(name)]]
     n_params, n_learn = sum(math.prod(s) for s in shapes.values()), sum(math.prod(shapes[n]) for n in learn)
 
     shard = lambda n, stage: -(-n // world_size) if zero_stage >= stage else n  # noqa: E731
@@ -492,7 +201,7 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
         grads_from[stage_of[name]] += math.prod(shapes[name]) * weight_bytes
     for s in reversed(range(len(stages))):
         grads_from[s] += grads_from[s + 1]
-    profile = _activation_profile(tape, stages)
+    profile = activation_memory.activation_profile(tape, stages)
     backward = [(activations + shard(grads_from[s], 2) + grad_extra, s) for s, activations in profile]
     peak, s = max(backward)
     step = gradients + step_temporaries

@@ -6,7 +6,6 @@ import csv
 import dataclasses
 import os
 import sys
-import tempfile
 
 from absl.testing import absltest, parameterized
 from absl.testing.absltest import mock

@@ -10,7 +10,6 @@ import tempfile
 import types
 
 from absl.testing import absltest, parameterized
-from absl.testing.absltest import mock
 import datasets
 import torch
 

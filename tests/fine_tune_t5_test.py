@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-from absl.testing import absltest, parameterized
+from absl.testing import absltest
 
 import fine_tune_t5
 from tests import fixtures

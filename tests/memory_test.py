@@ -1,5 +1,5 @@
-"""Tests for t5_training.memory: a case worked out by hand, the activation tracer against the real
-autograd graph, and how ZeRO, freezing, checkpointing and precision move each component."""
+"""Tests for t5_training.memory: a case worked out by hand, and how ZeRO, freezing, checkpointing
+and precision move each component. The activation tracer is tested in activation_memory_test.py."""
 
 import contextlib
 import io
@@ -10,12 +10,10 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import torch
 import transformers
 
 from t5_training import memory
 from t5_training.errors import UsageError, run_cli
-from t5_training.loop import token_cross_entropy_sum
 from tests import fixtures
 
 
@@ -78,74 +76,6 @@ class HandComputedTest(absltest.TestCase):
         zero = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor",
                                zero_stage=1, world_size=2)
         self.assertEqual(zero.optimizer_state, 4 * 1608 // 2)
-
-    def test_encoder_layer_formula_of_the_docstring(self):
-        # Per token of an encoder layer: 4 * (8d + 2 + 4i + 3f) + 12 * H * L, here with L = source.
-        cfg = _hand_config(num_layers=3)
-        tape, stages = memory._trace(cfg, batch=2, source=6, target=3, trainable=dict.fromkeys(memory.FROZEN, True),
-                                     device="cpu", precision="fp32", pure16=False, checkpointing=False,
-                                     padding=False)
-        layer = tape.saved_by(stages.index("encoder layer 1"))
-        self.assertEqual(sum(tape.bytes[k] for k in layer), 12 * (4 * (8 * 8 + 2 + 4 * 8 + 3 * 16) + 12 * 2 * 6))
-
-
-def _graph_saved_bytes(loss: torch.Tensor, params: set) -> int:
-    """Bytes of the distinct storages that the autograd graph behind `loss` saves for backward,
-    parameters and scalars aside: the ground truth the tracer must reproduce."""
-    seen_nodes, storages, stack = set(), {}, [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen_nodes:
-            continue
-        seen_nodes.add(node)
-        for attr in dir(node):
-            if attr.startswith("_saved_"):
-                values = getattr(node, attr)
-                for t in values if isinstance(values, (tuple, list)) else [values]:
-                    if isinstance(t, torch.Tensor) and t.dim() and t.untyped_storage().data_ptr() not in params:
-                        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return sum(storages.values())
-
-
-class TracerMatchesAutogradTest(parameterized.TestCase):
-
-    @parameterized.named_parameters(
-        ("fp32", {}, {}),
-        ("no_dropout", {"dropout_rate": 0.0}, {}),
-        ("padding", {}, {"padding": True}),
-        ("gated_unscaled_v1_1", {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}, {}),
-        ("bf16_autocast", {}, {"precision": "bf16"}),
-        ("bf16_autocast_no_dropout_gated", {"dropout_rate": 0.0, "feed_forward_proj": "gated-gelu"},
-         {"precision": "bf16", "padding": True}),
-        ("pure_bf16", {}, {"precision": "bf16", "pure16": True}),
-        ("frozen_encoder", {}, {"frozen": ("encoder",)}),
-        ("frozen_decoder_and_embeddings_no_dropout", {"dropout_rate": 0.0}, {"frozen": ("decoder", "embeddings")}),
-        ("frozen_encoder_and_embeddings_bf16", {}, {"frozen": ("encoder", "embeddings"), "precision": "bf16"}),
-    )
-    def test_saved_bytes_on_cpu(self, config_overrides, options):
-        cfg = _hand_config(d_ff=40, d_kv=8, num_heads=3, num_layers=2, num_decoder_layers=2, **config_overrides)
-        precision, pure16 = options.get("precision", "fp32"), options.get("pure16", False)
-        frozen, padding = options.get("frozen", ()), options.get("padding", False)
-        torch.manual_seed(0)
-        model = transformers.T5ForConditionalGeneration(cfg).train()
-        if pure16:
-            model.to(torch.bfloat16)
-        for name, param in model.named_parameters():
-            param.requires_grad_(memory._part_of(name) not in frozen)
-        mask = torch.ones(2, 12, dtype=torch.long)
-        if padding:
-            mask[0, 6:] = 0
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16" and not pure16):
-            logits = model(input_ids=torch.randint(2, 32, (2, 12)), attention_mask=mask,
-                           decoder_input_ids=torch.randint(2, 32, (2, 5))).logits
-        loss = token_cross_entropy_sum(logits, torch.randint(2, 32, (2, 5)))
-        real = _graph_saved_bytes(loss, {p.untyped_storage().data_ptr() for p in model.parameters()})
-
-        tape, _ = memory._trace(cfg, batch=2, source=12, target=5, device="cpu", precision=precision, pure16=pure16,
-                                trainable={part: part not in frozen for part in memory.FROZEN},
-                                checkpointing=False, padding=padding)
-        self.assertEqual(sum(tape.bytes[k] for k in tape.saved_by()), real)
 
 
 def _estimate(**options):

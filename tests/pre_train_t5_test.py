@@ -5,13 +5,11 @@ span-token accuracy rises, and fine-tunes the exported model on SST-2.
 """
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import torch
 from absl.testing import absltest, parameterized
-from transformers import AutoConfig, T5ForConditionalGeneration, T5TokenizerFast
+from transformers import AutoConfig, T5ForConditionalGeneration
 
 import fine_tune_t5
 import pre_train_t5
