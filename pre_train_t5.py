@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     # from the collator's own random stream.
     chunk = [tokenizer.unk_token_id] * collator.raw_length
     config = batch_size.find_batch_size(accelerator, config, model,
-                                  lambda n: collator([{"input_ids": chunk, "idx": i} for i in range(n)]))
+                                        lambda n: collator([{"input_ids": chunk, "idx": i} for i in range(n)]))
     train_loader, eval_loader = build_loaders(config, train_data, eval_data, collator)
 
     return loop.fit(accelerator, config, model, tokenizer, train_loader, {"validation": eval_loader},

@@ -222,7 +222,6 @@ def main(argv=None) -> dict:
     results = {"quick": args.quick, "raw_length": raw, "input_length": lengths[0], "target_length": lengths[1],
                "noise_density": NOISE_DENSITY, "mean_noise_span_length": MEAN_SPAN, "rounds": args.rounds,
                "checks": checks, "batch_sizes": per_batch, "goal_speedup": GOAL}
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     reporting.write_json(args.output, results)
     print(f"wrote {args.output}")
     return results

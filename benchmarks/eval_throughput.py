@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import sys
 import time
@@ -235,12 +234,9 @@ def main(argv=None) -> dict:
         "goals": {f"ours score / {BASELINE} >= {GOAL}": ratios[f"ours score / {BASELINE}"] >= GOAL},
         "seconds": round(time.perf_counter() - started, 1),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-        f.write("\n")
-
     from t5_training import reporting
+
+    reporting.write_json(args.output, results)
 
     rows = first[BASELINE]["rows"]
     print(f"\n{model}: SST-2 dev, {rows} rows, eval batch {args.batch_size}, max lengths "

@@ -348,12 +348,9 @@ def main(argv=None) -> dict:
         "runs": runs, "table": table, "ratios": ratios, "ratios_best": ratios_best, "goals": goals,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-        f.write("\n")
-
     from t5_training import reporting
+
+    reporting.write_json(args.output, results)
 
     print(f"\n{os.path.basename(args.model_config)}, {args.steps} steps of {args.batch_size}, SST-2 "
           f"({args.train_rows or 'all'} training rows), max lengths {args.max_source_length}/{args.max_target_length}, "

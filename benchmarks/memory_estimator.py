@@ -256,7 +256,6 @@ def main(argv=None) -> list[dict]:
     within = sum(abs(row["error %"]) <= 15 for row in rows)
     print(f"\n{within} of {len(rows)} within 15% of measured ({args.device}, {args.steps} steps each)")
     if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         write_json(args.output, {"device": args.device, "steps": args.steps, "rows": rows})
     return rows
 

@@ -391,7 +391,6 @@ def main(argv=None) -> dict:
                "peak_by_shape": peak_by_shape, "busy_peak_flops_per_second": busy_peak,
                "busy_peak_by_shape": busy_peak_by_shape, "batch_sizes": per_batch, "profile": profile,
                "variants": variants, "goal_mfu": GOAL}
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     reporting.write_json(args.output, results)
     print(f"\nwrote {args.output}")
     return results

@@ -224,7 +224,6 @@ def main(argv=None) -> dict | None:
         report = {"quick": args.quick, "base_mb": base, "sizes_mb": args.sizes, "chunk_length": args.chunk_length,
                   "shuffle_buffer": args.shuffle_buffer, "tokenize_batch": args.tokenize_batch, "rows": results,
                   **summary}
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         reporting.write_json(args.output, report)
         print(f"wrote {args.output}")
         return report

@@ -106,6 +106,7 @@ class GreedyDecoder:
         self.max_new_tokens = max_new_tokens
         self.candidates = None if candidates is None else candidates.to(accelerator.device)
         self.generated_rows = 0
+        self._blocks_mask: tuple[tuple, torch.Tensor] | None = None  # (what its form depends on, mask)
 
     def __call__(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(predicted token ids padded with the pad id, per-row summed target loss, per-row target tokens)."""
@@ -122,7 +123,7 @@ class GreedyDecoder:
         decoder_input_ids = shift_right(labels, unwrapped.config.decoder_start_token_id, self.pad)
         logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,
                            decoder_input_ids=decoder_input_ids.view(rows, k * width),
-                           decoder_attention_mask=candidate_blocks_mask(unwrapped, k, width)).logits
+                           decoder_attention_mask=self._candidate_mask(unwrapped)).logits
         logits = logits.view(rows * k, width, -1)
         follows = ((logits.argmax(dim=-1) == labels) | (labels == -100)).all(dim=-1).view(rows, k)
         chosen = self.candidates[follows.int().argmax(dim=1)]
@@ -144,6 +145,15 @@ class GreedyDecoder:
         predicted = F.pad(predicted, (0, width - predicted.size(1)), value=self.pad)
         predicted[unmatched] = F.pad(generated, (0, width - generated.size(1)), value=self.pad)
         return predicted, row_loss, row_tokens
+
+    def _candidate_mask(self, unwrapped) -> torch.Tensor:
+        # The same for every batch: built again only if the attention implementation, dtype or
+        # device it is made for changes.
+        weight = unwrapped.get_input_embeddings().weight
+        key = (unwrapped.config._attn_implementation, weight.dtype, weight.device)
+        if self._blocks_mask is None or self._blocks_mask[0] != key:
+            self._blocks_mask = (key, candidate_blocks_mask(unwrapped, *self.candidates.shape))
+        return self._blocks_mask[1]
 
     def _teacher_forced(self, unwrapped, encoded, mask, batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,

@@ -7,7 +7,9 @@ from typing import Mapping, Sequence
 
 
 def write_json(path: str, values: Mapping) -> None:
-    """Writes `values` as indented JSON, atomically (a reader never sees half a file)."""
+    """Writes `values` as indented JSON, atomically (a reader never sees half a file), creating
+    the folder it goes in if need be."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=2, sort_keys=True)
