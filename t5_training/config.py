@@ -23,7 +23,11 @@ from t5_training.errors import UsageError
 C = TypeVar("C")
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "inverse_sqrt")
-OPTIMIZERS = ("adamw_torch", "adafactor", "adamw_scale")
+OPTIMIZERS = ("adamw_torch", "adafactor", "adamw_scale", "adafactor_hf")
+# What an unset --learning_rate / --lr_scheduler_type means for each optimizer. Adafactor's are
+# T5's fine-tuning recipe (constant 1e-3); pre_train_t5.py sets T5's pretraining values itself.
+OPTIMIZER_DEFAULTS = {"adamw_torch": (3e-4, "linear"), "adamw_scale": (3e-4, "linear"),
+                      "adafactor": (1e-3, "constant"), "adafactor_hf": (1e-3, "constant")}
 
 
 @dataclass(frozen=True)
@@ -37,12 +41,21 @@ class TrainingConfig:
     per_device_train_batch_size: int = 8
     per_device_eval_batch_size: int = 32
     gradient_accumulation_steps: int = 1
-    learning_rate: float = 3e-4
-    lr_scheduler_type: Literal[SCHEDULERS] = "linear"
+    learning_rate: float | None = field(
+        default=None, metadata={"help": "Peak learning rate. Default: 1e-3 for adafactor and adafactor_hf (T5's "
+                                        "fine-tuning rate), 3e-4 otherwise."})
+    lr_scheduler_type: Literal[SCHEDULERS] | None = field(
+        default=None, metadata={"help": "Default: constant for adafactor and adafactor_hf (as T5 fine-tunes), "
+                                        "linear otherwise."})
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
-    optim: Literal[OPTIMIZERS] = "adamw_torch"
+    optim: Literal[OPTIMIZERS] = field(
+        default="adamw_torch",
+        metadata={"help": "adamw_torch (fused AdamW); adafactor: T5's Adafactor (Mesh TF's defaults: updates scaled "
+                          "by each weight's RMS, 2nd moment factored for dims >= 128); adamw_scale: AdamW with "
+                          "RMS-scaled steps; adafactor_hf: HF's Adafactor with an external lr and NO parameter "
+                          "scaling (not T5's recipe; the setting this project used before)"})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
@@ -76,6 +89,13 @@ class TrainingConfig:
     )
 
     def __post_init__(self):
+        # Filling an unset flag from the optimizer's defaults is part of building the config;
+        # nothing changes it afterwards.
+        default_lr, default_schedule = OPTIMIZER_DEFAULTS[self.optim]
+        if self.learning_rate is None:
+            object.__setattr__(self, "learning_rate", default_lr)
+        if self.lr_scheduler_type is None:
+            object.__setattr__(self, "lr_scheduler_type", default_schedule)
         positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
         for name in positive:
             if getattr(self, name) < 1:

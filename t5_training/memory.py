@@ -11,10 +11,11 @@ once). Bytes per parameter, as accelerate and DeepSpeed hold them:
     weights      4 (fp32; bf16/fp16 autocast keeps fp32 weights); 2 under DeepSpeed 16-bit (ZeRO >= 1)
     gradients    one per trainable parameter, in the weights' dtype; DDP (world_size > 1, ZeRO 0)
                  adds its fp32 communication buckets, a second copy
-    optimizer    AdamW and adamw_scale 8 (two fp32 moments); Adafactor (beta1=None, as optim.py builds
-                 it) 4 per element of 1-D tensors and 4 per row + column of 2-D ones; DeepSpeed
-                 16-bit adds a 4-byte fp32 master copy, and hands the optimizer flat 1-D partitions,
-                 so Adafactor's second moment is no longer factored under ZeRO
+    optimizer    AdamW and adamw_scale 8 (two fp32 moments); T5's Adafactor (no first moment) 4 per
+                 row + column of tensors whose two largest dims are >= 128, 4 per element of the
+                 rest; adafactor_hf factors every matrix; DeepSpeed 16-bit adds a 4-byte fp32
+                 master copy, and hands the optimizer flat 1-D partitions, so Adafactor's second
+                 moment is no longer factored under ZeRO
     ZeRO         stage 1 divides the optimizer state by world_size, 2 also the gradients (plus one
                  d_model**2 reduce bucket), 3 also the weights (plus the largest layer, gathered)
 
@@ -22,8 +23,10 @@ Activations are what autograd saves for backward, followed op by op through tran
 modeling_t5.py (`t5_training.activation_memory`, which gives the bytes per token of each layer),
 with the peak followed through the backward pass rather than summed.
 
-The optimizer step holds weights, gradients, state and its temporaries (per-tensor loops: a few
-copies of the largest tensor; CUDA foreach AdamW: one copy of all of them). Not counted: the
+The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
+that optim.py builds; per-tensor optimizers hold copies of the largest tensor (adamw_scale 3,
+T5's Adafactor 1, HF's 2); DeepSpeed's unfused client AdamW copies its partition (foreach on a
+GPU once, per tensor on a CPU twice). Not counted: the
 CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
 `benchmarks/memory_estimator.py` checks the total against measured memory.
 """
@@ -40,6 +43,7 @@ from typing import Literal, Sequence
 import torch
 
 from t5_training import activation_memory
+from t5_training.adafactor import factored_dims
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
 
@@ -140,13 +144,34 @@ def parameter_shapes(model_config) -> dict[str, tuple[int, ...]]:
 
 def _optimizer_state(shapes: list[tuple[int, ...]], optim: str, flat: bool) -> int:
     """Bytes of optimizer state for these trainable tensors (fp32)."""
-    if optim != "adafactor":
+    if optim in ("adamw_torch", "adamw_scale"):
         return 8 * sum(math.prod(s) for s in shapes)  # exp_avg and exp_avg_sq
     if flat:
         return 4 * sum(math.prod(s) for s in shapes)  # a 1-D partition: no factoring
-    # exp_avg_sq_row (shape[:-1]) and exp_avg_sq_col (shape[:-2] + shape[-1:]); no exp_avg (beta1 None)
-    return 4 * sum(math.prod(s[:-1]) + math.prod(s[:-2]) * s[-1] if len(s) >= 2 else math.prod(s)
-                   for s in shapes)
+    total = 0
+    for shape in shapes:
+        # No first moment in either Adafactor. T5's factors a tensor only where its two largest
+        # dimensions are both >= 128 (a mean over each); HF's factors every matrix over its last two.
+        dims = factored_dims(torch.Size(shape)) if optim == "adafactor" else (
+            (len(shape) - 1, len(shape) - 2) if len(shape) >= 2 else None)
+        n = math.prod(shape)
+        total += 4 * (n // shape[dims[0]] + n // shape[dims[1]] if dims else n)
+    return total
+
+
+def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, partition: int) -> int:
+    """Bytes an optimizer step allocates beyond weights, gradients and state (measured on a CPU).
+
+    optim.py builds fused AdamW outside DeepSpeed: one kernel in place, nothing extra. DeepSpeed
+    drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
+    per tensor on a CPU (two). The per-tensor optimizers hold, at their peak, copies of the tensor
+    they are updating: adamw_scale three, T5's Adafactor one, HF's Adafactor two.
+    """
+    if optim == "adamw_torch":
+        if not zero_stage:
+            return 0
+        return 4 * partition * (1 if device == "cuda" else 2)
+    return 4 * largest * {"adamw_scale": 3, "adafactor": 1, "adafactor_hf": 2}[optim]
 
 
 def estimate(model_config, *, batch_size: int, source_length: int, target_length: int, precision: str = "fp32",
@@ -188,10 +213,7 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
                             + (4 * n_learn if pure16 else 0), 1)  # DeepSpeed's fp32 master weights
 
     largest = shard(n_learn, 1) if zero_stage else max(math.prod(shapes[n]) for n in learn)
-    if optim == "adamw_torch" and device == "cuda":
-        step_temporaries = 4 * shard(n_learn, 1)  # foreach: sqrt of every exp_avg_sq at once
-    else:
-        step_temporaries = 4 * largest * (3 if optim == "adamw_scale" else 2)
+    step_temporaries = _step_temporaries(optim, device, zero_stage, largest, shard(n_learn, 1))
     if pure16:
         step_temporaries += 4 * shard(n_learn, 1)  # the fp32 gradient partition
 
@@ -242,8 +264,10 @@ def format_estimate(config: MemoryConfig, result: MemoryEstimate) -> str:
     pure16 = config.zero_stage > 0 and config.precision != "fp32"
     weight_dtype = "bf16/fp16 (DeepSpeed)" if pure16 else "fp32"
     optimizer = {"adamw_torch": "AdamW: 2 fp32 moments", "adamw_scale": "AdamW (RMS-scaled): 2 fp32 moments",
-                 "adafactor": "Adafactor: factored 2nd moment" if not config.zero_stage
-                 else "Adafactor on flat ZeRO partitions: full 2nd moment"}[config.optim]
+                 "adafactor": "T5's Adafactor: 2nd moment factored where both dims >= 128",
+                 "adafactor_hf": "HF's Adafactor: every matrix's 2nd moment factored"}[config.optim]
+    if config.optim.startswith("adafactor") and config.zero_stage:
+        optimizer = "Adafactor on flat ZeRO partitions: full 2nd moment"
     zero = f", ZeRO-{config.zero_stage} over {config.world_size}" if config.zero_stage else (
         f", DDP over {config.world_size}" if config.world_size > 1 else "")
     rows = [

@@ -13,13 +13,14 @@ import torch
 from accelerate.utils import DummyOptim
 from transformers.optimization import Adafactor
 
+from t5_training.adafactor import T5Adafactor
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
                     deepspeed_config: dict | None = None) -> torch.optim.Optimizer | DummyOptim:
-    """AdamW, AdamW with RMS-scaled steps, or Adafactor over the trainable parameters.
+    """AdamW, AdamW with RMS-scaled steps, T5's Adafactor or HF's over the trainable parameters.
 
     Weight decay skips layer-norm scales and biases: decaying them towards zero changes what
     the layer computes rather than regularizing it. Under DeepSpeed (`deepspeed_config`, the
@@ -40,7 +41,10 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
         return AdamWScale(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                           eps=config.adam_epsilon)
     if config.optim == "adafactor":
-        # T5's settings: an external learning rate, no parameter scaling, no built-in warmup.
+        return T5Adafactor(groups, lr=config.learning_rate)
+    if config.optim == "adafactor_hf":
+        # HF's external-lr variant: every matrix factored, and no parameter scaling, so each
+        # weight moves by about lr in absolute terms whatever its scale. Not T5's recipe.
         return Adafactor(groups, lr=config.learning_rate, scale_parameter=False, relative_step=False,
                          warmup_init=False)
     # Fused: one kernel per step instead of a dozen passes over the weights (about 25% less

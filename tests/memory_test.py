@@ -58,7 +58,7 @@ class HandComputedTest(absltest.TestCase):
         #     (19761 - 600 - 1008 = 18153) + 2 * 6*8*4 = 18537; with the gradients of the shared
         #     embedding, the final norm and the layer (1024 + 32 + 3200): 22793, the peak.
         #   In the encoder every gradient exists (6432) but at most 10272 bytes of activations: 16704.
-        # Optimizer step: gradients 6432 + 2 x the largest tensor (4 * 256) = 8480, less.
+        # Optimizer step (fused AdamW, in place): the gradients, 6432, less.
         # Total 6432 + 12864 + 22793 = 42089.
         result = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, device="cpu",
                                  padding=False)
@@ -66,16 +66,38 @@ class HandComputedTest(absltest.TestCase):
             parameters=1608, trainable_parameters=1608, weights=6432, gradients=6432, optimizer_state=12864,
             activations=21249, total=42089, peak_at="backward, decoder layer 0"))
 
-    def test_adafactor_factors_two_dimensional_tensors(self):
-        # Row + column for each matrix (out, in), the whole of each vector, 4 bytes each:
-        # shared 32+8 = 40; encoder q,k,v,o 4*16, bias 4+2, wi 16+8, wo 8+16, norms 2*8: 134;
-        # decoder 64 + 6 + 64 + 48 + 3*8 = 206; final norms 16.   4 * (40 + 134 + 206 + 16) = 1584.
-        result = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor")
-        self.assertEqual(result.optimizer_state, 1584)
+    def test_adafactor_state(self):
+        # HF's Adafactor factors every matrix (out, in): row + column each, the whole of each vector,
+        # 4 bytes each: shared 32+8 = 40; encoder q,k,v,o 4*16, bias 4+2, wi 16+8, wo 8+16, norms
+        # 2*8: 134; decoder 64 + 6 + 64 + 48 + 3*8 = 206; final norms 16.   4 * (40 + 134 + 206 + 16) = 1584.
+        hf = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor_hf")
+        self.assertEqual(hf.optimizer_state, 1584)
+        # T5's factors only where both of the two largest dims are >= 128: none here, so one fp32
+        # value per parameter.
+        t5 = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor")
+        self.assertEqual(t5.optimizer_state, 4 * 1608)
         # Under ZeRO the optimizer sees flat 1-D partitions: one fp32 value per parameter, sharded.
         zero = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor",
                                zero_stage=1, world_size=2)
         self.assertEqual(zero.optimizer_state, 4 * 1608 // 2)
+
+    def test_t5_adafactor_state_of_t5_small(self):
+        # Factored (row + column): shared 32128 + 512; q, k, v, o 512 + 512; wi, wo 2048 + 512.
+        # Whole: the 32 x 8 relative attention bias (8 < 128) and the 512-wide layer norms.
+        encoder = 6 * (4 * 1024 + 2 * 2560 + 2 * 512) + 256 + 512
+        decoder = 6 * (8 * 1024 + 2 * 2560 + 3 * 512) + 256 + 512
+        result = memory.estimate(_small_config(), batch_size=1, source_length=8, target_length=2, optim="adafactor")
+        self.assertEqual(result.optimizer_state, 4 * (32128 + 512 + encoder + decoder))
+
+    def test_fused_adamw_needs_no_copy_of_the_weights_to_step(self):
+        # A tiny batch, so the step would be the peak if it held a copy of every parameter (what
+        # foreach AdamW does, and what the estimator assumed before): weights, 2 moments, gradients
+        # and that copy, 20 bytes per parameter. Fused AdamW steps in place: 16 plus activations.
+        result = _estimate(batch_size=1, source_length=8, target_length=2)
+        per_parameter = 16 * result.parameters
+        self.assertGreater(result.total, per_parameter)
+        self.assertLess(result.total, per_parameter * 1.02)
+        self.assertTrue(result.peak_at.startswith("backward"), result.peak_at)
 
 
 def _estimate(**options):

@@ -10,6 +10,7 @@ from accelerate.utils import DummyOptim
 from transformers.optimization import Adafactor
 
 from t5_training import optim
+from t5_training.adafactor import T5Adafactor
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
@@ -230,16 +231,38 @@ class BuildOptimizerTest(parameterized.TestCase):
         torch.testing.assert_close(model.weight.detach(), weight * (1 - 0.1 * 0.5))
         torch.testing.assert_close(model.bias.detach(), bias)
 
-    def test_adafactor(self):
+    def test_adafactor_is_t5s(self):
         model = _tiny_t5()
-        optimizer = optim.build_optimizer(model, _config(optim="adafactor", learning_rate=1e-3, weight_decay=0.01))
+        optimizer = optim.build_optimizer(model, _config(optim="adafactor", learning_rate=1e-3))
+        self.assertIsInstance(optimizer, T5Adafactor)
+        self.assertEqual(optimizer.defaults["lr"], 1e-3)
+        self.assertIs(optimizer.defaults["multiply_by_parameter_scale"], True)
+        self.assertEqual(optimizer.defaults["min_dim_size_to_factor"], 128)
+        self.assertEqual(optimizer.defaults["eps"], (1e-30, 1e-3))
+        self.assertEqual([g["lr"] for g in optimizer.param_groups], [1e-3, 1e-3])
+
+    def test_adafactor_hf_is_the_external_lr_variant(self):
+        model = _tiny_t5()
+        optimizer = optim.build_optimizer(model, _config(optim="adafactor_hf", learning_rate=1e-3, weight_decay=0.01))
         self.assertIsInstance(optimizer, Adafactor)
         self.assertEqual(optimizer.defaults["lr"], 1e-3)
         self.assertIs(optimizer.defaults["scale_parameter"], False)
         self.assertIs(optimizer.defaults["relative_step"], False)
         self.assertIs(optimizer.defaults["warmup_init"], False)
         self.assertEqual([g["weight_decay"] for g in optimizer.param_groups], [0.01, 0.0])
-        self.assertEqual([g["lr"] for g in optimizer.param_groups], [1e-3, 1e-3])
+
+    @parameterized.named_parameters(
+        # T5 fine-tunes with Adafactor at a constant 1e-3; AdamW keeps HF's 3e-4 linear default.
+        ("adafactor", "adafactor", 1e-3, "constant"),
+        ("adafactor_hf", "adafactor_hf", 1e-3, "constant"),
+        ("adamw", "adamw_torch", 3e-4, "linear"),
+        ("adamw_scale", "adamw_scale", 3e-4, "linear"),
+    )
+    def test_unset_learning_rate_and_schedule_follow_the_optimizer(self, name, lr, schedule):
+        config = _config(optim=name)
+        self.assertEqual((config.learning_rate, config.lr_scheduler_type), (lr, schedule))
+        given = _config(optim=name, learning_rate=5e-4, lr_scheduler_type="cosine")
+        self.assertEqual((given.learning_rate, given.lr_scheduler_type), (5e-4, "cosine"))
 
     def test_adafactor_follows_scheduler(self):
         model = torch.nn.Linear(3, 2)
@@ -265,7 +288,7 @@ def _ds_config(**optimizer_params):
 
 class DeepSpeedOptimizerTest(parameterized.TestCase):
 
-    @parameterized.parameters("adamw_torch", "adafactor", "adamw_scale")
+    @parameterized.parameters("adamw_torch", "adafactor", "adamw_scale", "adafactor_hf")
     def test_without_an_optimizer_block_the_flag_runs_as_zeros_client_optimizer(self, name):
         ds_config = {"zero_optimization": {"stage": 2}}
         optimizer = optim.build_optimizer(torch.nn.Linear(3, 2), _config(optim=name), ds_config)
