@@ -26,9 +26,11 @@ def _span_counts(length: int, noise_density: float, mean_noise_span_length: floa
     # positive so neither side of the interleaving is empty.
     num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
     num_nonnoise = length - num_noise
-    # Spans count from the scarcer side: equal to T5's round(num_noise / mean) up to density 0.5,
-    # and above it never more spans than there are non-noise tokens to separate them.
-    num_spans = max(1, int(round(min(num_noise, num_nonnoise) / mean_noise_span_length)))
+    # T5's round(num_noise / mean), at least 1, so the mean noise span is the one asked for at any
+    # density. Noise and non-noise spans alternate, so each side needs a token per span: above
+    # density mean / (mean + 1) (0.75 at mean 3) T5's segmentation would fail, and the spans are
+    # capped at the non-noise tokens instead (the mean noise span then grows past the mean).
+    num_spans = min(max(1, int(round(num_noise / mean_noise_span_length))), num_nonnoise)
     return num_noise, num_nonnoise, num_spans
 
 

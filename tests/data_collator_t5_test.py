@@ -100,17 +100,19 @@ class DataCollatorT5Test(parameterized.TestCase):
         self.assertEqual((raw, target), (766, 512))
 
     def test_density_half_pads_when_t5_lengths_fall_short(self):
-        # 75 raw tokens would corrupt to 50 inputs + 51 targets; T5's density-0.5 rule drops one
-        # token so targets are no longer than inputs: 74 -> 37 + 12 spans + EOS = 50 each.
+        # As T5's random_spans_helper: 75 raw tokens corrupt to 37 + round(38 / 3) = 13 spans + EOS = 51
+        # inputs and 38 + 13 + 1 = 52 targets; the density-0.5 rule then drops one raw token and one
+        # target: (74, 51). 74 tokens give 37 + round(37 / 3) = 12 spans + EOS = 50 on each side,
+        # so both are padded by one, masked out of attention and loss.
         col = self.collator(51, noise_density=0.5)
-        self.assertEqual((col.raw_length, col.target_length), (74, 50))
+        self.assertEqual((col.raw_length, col.target_length), (74, 51))
         batch = col(self.examples(col.raw_length, 4))
         self.assertEqual(batch["input_ids"].shape, (4, 51))
         self.assertTrue(torch.all(batch["input_ids"][:, -2:] == torch.tensor([EOS, PAD])))
         self.assertTrue(torch.all(batch["attention_mask"][:, :-1] == 1))
         self.assertTrue(torch.all(batch["attention_mask"][:, -1] == 0))
-        self.assertEqual(batch["labels"].shape, (4, 50))
-        self.assertTrue(torch.all(batch["labels"][:, -1] == EOS))
+        self.assertEqual(batch["labels"].shape, (4, 51))
+        self.assertTrue(torch.all(batch["labels"][:, -2:] == torch.tensor([EOS, -100])))
 
     def test_sentinel_order(self):
         col = self.collator(128)
@@ -164,15 +166,46 @@ class DataCollatorT5Test(parameterized.TestCase):
         quarters = mask.reshape(10_000, 4, 142).mean((0, 2))
         self.assertTrue(np.all(np.abs(quarters - 0.15) < 0.03), quarters)
 
-    @parameterized.named_parameters(("d30_m2", 0.3, 2.0), ("d50_m3", 0.5, 3.0), ("d80_m3", 0.8, 3.0))
-    def test_noise_mask_counts_other_settings(self, density, mean_span):
+    @parameterized.named_parameters(
+        # T5's random_spans_noise_mask: noise = round(200 * density), spans = max(1, round(noise / mean)).
+        ("d15_m3", 0.15, 3.0, 30, 10),
+        ("d30_m2", 0.3, 2.0, 60, 30),
+        ("d50_m3", 0.5, 3.0, 100, 33),
+        ("d60_m3", 0.6, 3.0, 120, 40),  # the scarcer-side rule gave round(80 / 3) = 27 spans: mean 4.4
+        ("d80_m8", 0.8, 8.0, 160, 20),
+        # round(160 / 3) = 53 noise spans cannot alternate with 40 non-noise tokens (T5's own
+        # segmentation fails there): capped at 40, one non-noise token between noise spans.
+        ("d80_m3", 0.8, 3.0, 160, 40),
+        ("tiny_mean", 0.1, 100.0, 20, 1),
+    )
+    def test_noise_mask_counts_golden(self, density, mean_span, num_noise, num_spans):
+        self.assertEqual(dc._span_counts(200, density, mean_span), (num_noise, 200 - num_noise, num_spans))
         mask = dc.random_spans_noise_mask(500, 200, density, mean_span, np.random.default_rng(1))
-        num_noise = round(200 * density)
-        # The issue's rule: spans from the scarcer side, at least one (d80: min(160, 40) / 3 -> 13).
-        num_spans = max(1, round(min(num_noise, 200 - num_noise) / mean_span))
         self.assertTrue(np.all(mask.sum(1) == num_noise))
         self.assertTrue(all(_noise_spans(row) == num_spans for row in mask))
         self.assertFalse(mask[:, 0].any())
+
+    @parameterized.named_parameters(("d15", 0.15, 3.0), ("d50", 0.5, 3.0), ("d60", 0.6, 3.0), ("d80_m8", 0.8, 8.0))
+    def test_realised_mean_span_length_is_the_one_asked_for(self, density, mean_span):
+        # End to end through the collator, noise tokens per sentinel in the targets (256-token
+        # inputs: at 512, density 0.5 needs 128 noise spans, more than the 100 sentinels).
+        col = self.collator(256, noise_density=density, mean_noise_span_length=mean_span)
+        batch = col(self.examples(col.raw_length, 64))
+        labels = batch["labels"].numpy()
+        sentinels = (labels > SENTINEL_0 - 100).sum()
+        noise = ((labels != -100) & (labels != EOS) & (labels <= SENTINEL_0 - 100)).sum()
+        self.assertAlmostEqual(noise / sentinels, mean_span, delta=0.1)
+        self.assertAlmostEqual(noise / (64 * col.raw_length), density, delta=0.005)
+        self.assertEqual(batch["input_ids"].shape, (64, 256))
+        self.assertTrue(torch.all(batch["attention_mask"].sum(1) >= 255))
+
+    def test_above_the_feasible_density_spans_are_separated_by_single_tokens(self):
+        # Density 0.8 at mean 3 over 568 tokens: 454 noise, 114 non-noise, so 114 spans of 3.98 on average.
+        mask = dc.random_spans_noise_mask(2_000, 568, 0.8, 3.0, np.random.default_rng(3))
+        starts = mask & ~np.pad(mask[:, :-1], ((0, 0), (1, 0)))
+        self.assertAlmostEqual(mask.sum() / starts.sum(), 454 / 114, places=9)
+        nonnoise_runs = ~mask & np.pad(mask[:, 1:], ((0, 0), (0, 1)), constant_values=True)
+        self.assertTrue(np.all((~mask).sum(1) == nonnoise_runs.sum(1)))  # every non-noise run is 1 token
 
     def test_segmentation_is_uniform(self):
         # 5 items in 3 non-empty parts: C(4, 2) = 6 compositions, each equally likely.
