@@ -199,8 +199,8 @@ SEQ2SEQ: Mapping[str, TaskEntry] = {
         target="target",
         kind="seq2seq",
         show_keys=False,
-        metrics=("rougeL", "bleu"),
-        metric_to_optimize="rougeL",
+        metrics=("rouge", "bleu"),  # rouge reports T5's rouge1, rouge2 and rougeLsum
+        metric_to_optimize="rougeLsum",
     ),
     # COMET-style commonsense knowledge generation: (head, relation) -> tail.
     "comet": TaskEntry(
@@ -208,7 +208,7 @@ SEQ2SEQ: Mapping[str, TaskEntry] = {
         inputs=("head", "relation"),
         target="tail",
         kind="seq2seq",
-        metrics=("bleu", "rougeL"),
+        metrics=("bleu", "rouge"),
         metric_to_optimize="bleu",
     ),
 }

@@ -45,6 +45,9 @@ class FineTuneConfig(ModelConfig, TrainingConfig):
                                           "decoding's exact predictions (classification); 'auto': score "
                                           "where it applies, else generate."}
     )
+    rouge_use_stemmer: bool = field(
+        default=False, metadata={"help": "Porter-stem words before ROUGE. T5 reports ROUGE unstemmed (the default); "
+                                         "stemmed scores are higher and not comparable with T5's."})
     project_name: str = field(default="t5-fine-tune", metadata={"help": "Tracker (W&B) project."})
 
     def __post_init__(self):
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     def make_evaluate(prepared_eval_loaders):
         return evaluation.make_generation_evaluator(accelerator, entry, task, prepared_eval_loaders, tokenizer,
-                                                    config.output_dir, decoding, config.max_target_length)
+                                                    config.output_dir, decoding, config.max_target_length,
+                                                    config.rouge_use_stemmer)
 
     return loop.fit(accelerator, config, model, tokenizer, train_loader, eval_loaders, make_evaluate=make_evaluate,
                     objective=loop.Objective(entry.metric_to_optimize, entry.greater_is_better),

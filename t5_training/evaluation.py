@@ -240,7 +240,8 @@ def write_predictions(path: str, sources, predictions, targets) -> None:
 
 
 def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, tokenizer, output_dir: str,
-                              decoding: str = "generate", max_target_length: int = 512):
+                              decoding: str = "generate", max_target_length: int = 512,
+                              rouge_use_stemmer: bool = False):
     """`evaluate(model) -> {metric key: value}` for every eval split of a task, decoding greedily.
 
     `decoding` is 'generate' or 'score' (see `GreedyDecoder`; `resolve_decoding` picks it),
@@ -248,9 +249,9 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
 
     Keys follow `tasks.metric_key` ("accuracy", or "validation_matched/accuracy" when a task
     has several eval splits), plus the split's teacher-forced "loss". Each call also rewrites
-    `output_dir/predictions_<split>.tsv`.
+    `output_dir/predictions_<split>.tsv`. `rouge_use_stemmer` stems before ROUGE (T5 does not).
     """
-    score = make_scorer(entry)
+    score = make_scorer(entry, rouge_use_stemmer)
     # Reports list rows in their original order; the loaders see them sorted by length.
     texts = {}
     for split, ds in task.evals.items():

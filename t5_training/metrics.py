@@ -19,7 +19,7 @@ import numpy as np
 import sacrebleu
 import scipy.stats
 import sklearn.metrics
-from rouge_score import rouge_scorer
+from rouge_score import rouge_scorer, scoring
 
 
 def label_to_id(text: str, label_words: Sequence[str]) -> int:
@@ -120,17 +120,35 @@ def bleu(predictions: Sequence[str], references: Sequence[str]) -> float:
     return float(result.score)
 
 
-_ROUGE_L = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+ROUGE_KEYS = ("rouge1", "rouge2", "rougeLsum")
 
 
-def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
-    """Mean ROUGE-L F-measure (stemmed), 0-100."""
-    # T5 reports the median of a bootstrap over per-example scores (random,
-    # and about equal to this mean); the plain mean is deterministic.
+def rouge(predictions: Sequence[str], references: Sequence[str], use_stemmer: bool = False) -> dict[str, float]:
+    """ROUGE as T5 reports it (t5/evaluation/metrics.py): rouge1, rouge2 and rougeLsum, 0-100.
+
+    Unstemmed unless asked; " . " ends a sentence for rougeLsum (its LCS is taken per sentence);
+    each key is the mid F-measure of rouge_score's BootstrapAggregator: the median over 1,000
+    resamples of the mean over examples.
+    """
     _check(predictions, references)
-    scores = [_ROUGE_L.score(target=str(r), prediction=str(p))["rougeL"].fmeasure
-              for p, r in zip(predictions, references)]
-    return 100.0 * float(np.mean(scores))
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=use_stemmer)
+    aggregator = scoring.BootstrapAggregator()
+    for prediction, reference in zip(predictions, references):
+        aggregator.add_scores(scorer.score(target=_sentences(str(reference)), prediction=_sentences(str(prediction))))
+    # The bootstrap draws from numpy's global generator: a fixed seed makes the score a function
+    # of the predictions alone (T5's is not), and the caller's generator is left as it was.
+    state = np.random.get_state()
+    np.random.seed(0)
+    try:
+        result = aggregator.aggregate()
+    finally:
+        np.random.set_state(state)
+    return {key: 100.0 * float(result[key].mid.fmeasure) for key in ROUGE_KEYS}
+
+
+def _sentences(text: str) -> str:
+    # T5's _prepare_summary: a newline after each " . " so that rougeLsum sees the sentences.
+    return text.replace(" . ", " .\n")
 
 
 METRICS: Mapping[str, Callable] = {
@@ -140,13 +158,27 @@ METRICS: Mapping[str, Callable] = {
     "pearson_corrcoef": pearson_corrcoef,
     "spearman_corrcoef": spearman_corrcoef,
     "bleu": bleu,
-    "rougeL": rouge_l,
+    "rouge": rouge,
 }
+# A metric that reports several values: the keys it reports (every other metric reports its name).
+METRIC_KEYS: Mapping[str, tuple[str, ...]] = {"rouge": ROUGE_KEYS}
 
 
-def compute_metrics(names: Sequence[str], predictions, references) -> dict[str, float]:
-    """`{name: score}` for each metric name, as plain Python floats."""
+def metric_keys(name: str) -> tuple[str, ...]:
+    """The result keys metric `name` reports."""
+    return METRIC_KEYS.get(name, (name,))
+
+
+def compute_metrics(names: Sequence[str], predictions, references, *,
+                    rouge_use_stemmer: bool = False) -> dict[str, float]:
+    """`{key: score}` for each metric name's keys (`metric_keys`), as plain Python floats."""
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         raise ValueError(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
-    return {n: float(METRICS[n](predictions, references)) for n in names}
+    results = {}
+    for name in names:
+        if name == "rouge":
+            results.update(rouge(predictions, references, use_stemmer=rouge_use_stemmer))
+        else:
+            results[name] = float(METRICS[name](predictions, references))
+    return results

@@ -119,14 +119,15 @@ def make_postprocessor(entry: TaskEntry) -> Callable[[str], object]:
     return lambda text: text.strip()
 
 
-def make_scorer(entry: TaskEntry) -> Callable[[Sequence[str], Sequence[str]], dict[str, float]]:
-    """(predicted texts, target texts) -> {metric name: value} on T5's 0-100 scale."""
+def make_scorer(entry: TaskEntry, rouge_use_stemmer: bool = False
+                ) -> Callable[[Sequence[str], Sequence[str]], dict[str, float]]:
+    """(predicted texts, target texts) -> {metric key: value} on T5's 0-100 scale."""
     postprocess = make_postprocessor(entry)
 
     def score(predictions: Sequence[str], targets: Sequence[str]) -> dict[str, float]:
         return metrics.compute_metrics(
-            entry.metrics, [postprocess(p) for p in predictions], [postprocess(t) for t in targets]
-        )
+            entry.metrics, [postprocess(p) for p in predictions], [postprocess(t) for t in targets],
+            rouge_use_stemmer=rouge_use_stemmer)
 
     return score
 

@@ -63,14 +63,15 @@ class RegistryTest(parameterized.TestCase):
         self.assertTrue(entry.eval_splits)
         self.assertLen(set(entry.eval_splits), len(entry.eval_splits))
         self.assertNotIn(entry.train_split, entry.eval_splits)
-        logged = {tasks.metric_key(entry, split, name) for split in entry.eval_splits for name in entry.metrics}
+        keys = [key for name in entry.metrics for key in metrics.metric_keys(name)]
+        logged = {tasks.metric_key(entry, split, key) for split in entry.eval_splits for key in keys}
         self.assertIn(entry.metric_to_optimize, logged)
         if len(entry.eval_splits) == 1:
-            self.assertIn(entry.metric_to_optimize, entry.metrics)
+            self.assertIn(entry.metric_to_optimize, keys)
         else:
-            split, name = entry.metric_to_optimize.split("/")
+            split, key = entry.metric_to_optimize.split("/")
             self.assertIn(split, entry.eval_splits)
-            self.assertIn(name, entry.metrics)
+            self.assertIn(key, keys)
 
     @parameterized.named_parameters(*ENTRIES)
     def test_label_words(self, benchmark, task):

@@ -70,8 +70,8 @@ class Seq2SeqTaskTest(absltest.TestCase):
             args[args.index("sst2")] = "summarization"
             del args[args.index("--data_dir"):args.index("--data_dir") + 2]
             result = fine_tune_t5.main(args + ["--train_file", paths["train"], "--validation_file", paths["dev"]])
-            self.assertContainsSubset({"bleu", "rougeL", "loss"}, result["eval"])
-            self.assertEqual(result["eval"]["metric_to_optimize"], "rougeL")
+            self.assertContainsSubset({"bleu", "rouge1", "rouge2", "rougeLsum", "loss"}, result["eval"])
+            self.assertEqual(result["eval"]["metric_to_optimize"], "rougeLsum")
             with open(os.path.join(out, "predictions_validation.tsv"), encoding="utf-8") as f:
                 rows = list(csv.reader(f, delimiter="\t"))
             self.assertLen(rows, 33)  # --max_eval_samples 32

@@ -192,18 +192,41 @@ class Seq2SeqTest(absltest.TestCase):
         self.assertEqual(metrics.bleu(["w x y z", "q r s t"], ["a b c d", "e f g h"]),
                          0.0)
 
-    def test_rouge_l_lcs(self):
-        # LCS("the cat ran to mat", "the cat sat mat") = "the cat mat" = 3 tokens.
-        # P = 3/5, R = 3/4, F = 2PR / (P + R) = 0.9 / 1.35 = 2/3.
-        self.assertAlmostEqual(metrics.rouge_l(["the cat ran to mat"], ["the cat sat mat"]),
-                               100 * 2 / 3)
+    def test_rouge_one_pair_by_hand(self):
+        # One example: every bootstrap resample is that example, so the mid is its score exactly.
+        # Unigrams: "the" x2, cat, on, mat shared = 5 of 6 each side: F = 5/6. Bigrams: "the cat",
+        # "on the", "the mat" = 3 of 5: F = 3/5. LCS "the cat on the mat" = 5 of 6: F = 5/6.
+        score = metrics.rouge(["the cat sat on the mat"], ["the cat is on the mat"])
+        self.assertEqual(list(score), ["rouge1", "rouge2", "rougeLsum"])
+        for key, expected in zip(score, (5 / 6, 3 / 5, 5 / 6)):
+            self.assertAlmostEqual(score[key], 100 * expected, places=9, msg=key)
 
-    def test_rouge_l_stems_lowercases_and_averages(self):
-        # Porter stemming: cats -> cat, running -> run, so example 2 scores 1;
-        # example 1 scores 2/3 as above; the mean is (2/3 + 1) / 2 = 5/6.
-        score = metrics.rouge_l(["The CAT ran to mat", "cats running"],
-                                ["the cat sat mat", "cat run"])
-        self.assertAlmostEqual(score, 100 * 5 / 6)
+    def test_rouge_lsum_takes_the_lcs_per_sentence(self):
+        # " . " ends a sentence (T5's _prepare_summary). Each reference sentence finds itself among
+        # the predicted ones, so rougeLsum is 100; over the whole text the LCS is one sentence
+        # ("the dog barked"), 3 of 6 tokens: rougeL would be 50. Bigrams: 4 of 5 shared.
+        score = metrics.rouge(["the cat ran . the dog barked"], ["the dog barked . the cat ran"])
+        self.assertAlmostEqual(score["rougeLsum"], 100.0, places=9)
+        self.assertAlmostEqual(score["rouge1"], 100.0, places=9)
+        self.assertAlmostEqual(score["rouge2"], 80.0, places=9)
+
+    def test_rouge_does_not_stem_unless_asked(self):
+        # Only "the" matches unstemmed: 1 of 3. Porter stemming makes cats -> cat and running,
+        # runs -> run, so all 3 match. Both lowercase first.
+        self.assertAlmostEqual(metrics.rouge(["The cats running"], ["the cat runs"])["rouge1"], 100 / 3, places=9)
+        stemmed = metrics.rouge(["The cats running"], ["the cat runs"], use_stemmer=True)
+        self.assertAlmostEqual(stemmed["rouge1"], 100.0, places=9)
+
+    def test_rouge_is_the_bootstrap_mid_and_deterministic(self):
+        # Two examples scoring rouge1 1 and 0: the resampled means are k/2, so the median of 1,000
+        # of them is 0.5 (it cannot be any other value with probability near 1).
+        predictions, references = ["a b c", "x y z"], ["a b c", "d e f"]
+        np.random.seed(123)
+        before = np.random.get_state()[1].copy()
+        first = metrics.rouge(predictions, references)
+        self.assertTrue(np.array_equal(np.random.get_state()[1], before))  # the caller's generator untouched
+        self.assertEqual(first, metrics.rouge(predictions, references))
+        self.assertAlmostEqual(first["rouge1"], 50.0, places=9)
 
 
 class ComputeMetricsTest(parameterized.TestCase):
@@ -211,7 +234,7 @@ class ComputeMetricsTest(parameterized.TestCase):
     def test_metric_names(self):
         self.assertCountEqual(metrics.METRICS, [
             "accuracy", "matthews_corrcoef", "f1", "pearson_corrcoef",
-            "spearman_corrcoef", "bleu", "rougeL"])
+            "spearman_corrcoef", "bleu", "rouge"])
 
     def test_compute_metrics_values_are_python_floats(self):
         # Accuracy: matches at 0, 1, 4 -> 3/5. F1 after remapping the -1 on a
@@ -222,8 +245,17 @@ class ComputeMetricsTest(parameterized.TestCase):
         for value in results.values():
             self.assertIs(type(value), float)
 
+    def test_rouge_reports_t5s_three_keys(self):
+        results = metrics.compute_metrics(["rouge", "bleu"], ["the cat runs"], ["the cat runs"])
+        self.assertEqual(sorted(results), ["bleu", "rouge1", "rouge2", "rougeLsum"])
+        self.assertEqual(metrics.metric_keys("rouge"), ("rouge1", "rouge2", "rougeLsum"))
+        self.assertEqual(metrics.metric_keys("bleu"), ("bleu",))
+        stemmed = metrics.compute_metrics(["rouge"], ["cats"], ["cat"], rouge_use_stemmer=True)
+        self.assertEqual(stemmed["rouge1"], 100.0)
+        self.assertEqual(metrics.compute_metrics(["rouge"], ["cats"], ["cat"])["rouge1"], 0.0)
+
     def test_unknown_metric_lists_known_names(self):
-        with self.assertRaisesRegex(ValueError, r"squad.*accuracy.*rougeL"):
+        with self.assertRaisesRegex(ValueError, r"squad.*accuracy.*rouge"):
             metrics.compute_metrics(["accuracy", "squad"], [1], [1])
 
     @parameterized.named_parameters(

@@ -283,10 +283,13 @@ class ScorerTest(parameterized.TestCase):
         score = tasks.make_scorer(entry)
         targets = ["the cat sat on the mat today", "a dog barked at the mailman loudly"]
         perfect = score([" " + t + " " for t in targets], targets)  # predictions are stripped
-        self.assertEqual(sorted(perfect), ["bleu", "rougeL"])
-        self.assertAlmostEqual(perfect["rougeL"], 100.0)
-        self.assertAlmostEqual(perfect["bleu"], 100.0)
-        self.assertEqual(score(["zzz", "qqq"], targets), {"rougeL": 0.0, "bleu": 0.0})
+        self.assertEqual(sorted(perfect), ["bleu", "rouge1", "rouge2", "rougeLsum"])
+        for value in perfect.values():
+            self.assertAlmostEqual(value, 100.0)
+        self.assertEqual(score(["zzz", "qqq"], targets), {"rouge1": 0.0, "rouge2": 0.0, "rougeLsum": 0.0, "bleu": 0.0})
+        # Stemming only when asked: "cats" is not "cat" for T5's ROUGE.
+        self.assertEqual(score(["cats"], ["cat"])["rouge1"], 0.0)
+        self.assertEqual(tasks.make_scorer(entry, rouge_use_stemmer=True)(["cats"], ["cat"])["rouge1"], 100.0)
 
     @parameterized.named_parameters(
         ("single_split", "glue", "sst2", "validation", "accuracy", "accuracy"),
