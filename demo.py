@@ -29,7 +29,7 @@ from t5_training.tasks import get_entry
 from t5_training.tokenizer import train_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = os.path.join(HERE, "configs", "t5-tiny.json")
+TINY = "t5-tiny"  # configs/t5-tiny.json, found by name from a checkout or an installed wheel
 
 
 @dataclass(frozen=True)

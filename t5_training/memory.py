@@ -46,6 +46,7 @@ from t5_training import activation_memory
 from t5_training.adafactor import factored_dims
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
+from t5_training.modeling import resolve_config_name
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 FROZEN = ("encoder", "decoder", "embeddings")
@@ -243,7 +244,7 @@ def load_model_config(name: str, dropout_rate: float | None = None, vocab_size: 
     overrides = {key: value for key, value in (("dropout_rate", dropout_rate), ("vocab_size", vocab_size))
                  if value is not None}
     try:
-        config = AutoConfig.from_pretrained(name, **overrides)
+        config = AutoConfig.from_pretrained(resolve_config_name(name), **overrides)
     except (OSError, ValueError) as err:
         raise UsageError(f"could not load model config {name!r} ({str(err).splitlines()[0]}); pass a config "
                          "JSON such as configs/t5-small.json, a model folder or a hub name") from None

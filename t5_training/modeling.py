@@ -1,10 +1,12 @@
 """Loading a tokenizer and an encoder-decoder model, from the hub, a folder, or a config file.
 
 `--model_name_or_path` loads pretrained weights; `--config_name` (a JSON file such as
-`configs/t5-tiny.json`, or a hub name) builds a randomly initialised model instead. Remote code
-runs only with `--trust_remote_code`.
+`configs/t5-tiny.json`, a shipped shape by name such as `t5-tiny`, or a hub name) builds a
+randomly initialised model instead. Remote code runs only with `--trust_remote_code`.
 """
 from __future__ import annotations
+
+import os
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -21,6 +23,27 @@ def load_tokenizer(name: str | None, trust_remote_code: bool = False):
         raise UsageError(f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}") from None
 
 
+# The model shapes in configs/: beside the package in a checkout, inside it in an installed wheel
+# (pyproject maps configs/ to t5_training/configs), so a name works the same in both.
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+SHIPPED_CONFIG_DIRS = (os.path.join(_PACKAGE, "configs"), os.path.join(os.path.dirname(_PACKAGE), "configs"))
+
+
+def resolve_config_name(name: str) -> str:
+    """A shipped model shape's JSON for a bare name ("t5-small"), else `name` unchanged.
+
+    A path that exists wins, and so does a hub name that is not shipped: only names of files in
+    configs/ are resolved here.
+    """
+    if os.path.exists(name) or os.sep in name:
+        return name
+    for folder in SHIPPED_CONFIG_DIRS:
+        path = os.path.join(folder, name if name.endswith(".json") else f"{name}.json")
+        if os.path.isfile(path):
+            return path
+    return name
+
+
 def load_model(model_name_or_path: str | None, config_name: str | None, tokenizer, *,
                trust_remote_code: bool = False, overrides: dict | None = None):
     """Pretrained weights from `model_name_or_path`, or a fresh model shaped by `config_name`.
@@ -35,7 +58,8 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
             model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code,
                                                           **overrides)
         elif config_name:
-            config = AutoConfig.from_pretrained(config_name, trust_remote_code=trust_remote_code, **overrides)
+            config = AutoConfig.from_pretrained(resolve_config_name(config_name), trust_remote_code=trust_remote_code,
+                                                **overrides)
             config.vocab_size = -(-len(tokenizer) // 8) * 8
             config.pad_token_id = tokenizer.pad_token_id
             config.eos_token_id = tokenizer.eos_token_id

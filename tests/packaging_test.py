@@ -1,7 +1,12 @@
 """The install files agree: one torch pin everywhere, and CI runs README's test command."""
+import glob
 import os
 import re
+import subprocess
+import sys
+import tempfile
 import tomllib
+import zipfile
 
 import yaml
 from absl.testing import absltest
@@ -47,6 +52,60 @@ class PackagingTest(absltest.TestCase):
         self.assertIn(f"pip install --quiet --no-deps {pin}", _read(".ci/run"))
         deps = tomllib.loads(_read("pyproject.toml"))["project"]["dependencies"]
         self.assertContainsSubset({"jsonschema", "jsonref"}, {re.split(r"[<>=]", d)[0] for d in deps})
+
+
+
+class WheelTest(absltest.TestCase):
+    """A non-editable install has every module and model config a command needs."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.TemporaryDirectory()
+        # --no-build-isolation: setuptools is installed already, and the build needs no network.
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                        "-w", cls.tmp.name, fixtures.REPO], check=True, capture_output=True, cwd=cls.tmp.name)
+        cls.wheel = glob.glob(os.path.join(cls.tmp.name, "*.whl"))[0]
+        cls.names = set(zipfile.ZipFile(cls.wheel).namelist())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+        super().tearDownClass()
+
+    def test_every_top_level_module_and_package_module_is_in_it(self):
+        top_level = {os.path.basename(p) for p in glob.glob(os.path.join(fixtures.REPO, "*.py"))}
+        self.assertTrue({"pre_train_t5.py", "data_collator_t5.py", "fine_tune_t5.py", "constants.py"} <= top_level)
+        self.assertContainsSubset(top_level, self.names)
+        package = {f"t5_training/{os.path.basename(p)}" for p in glob.glob(os.path.join(fixtures.REPO, "t5_training",
+                                                                                         "*.py"))}
+        self.assertContainsSubset(package, self.names)
+
+    def test_every_model_config_ships_inside_the_package(self):
+        configs = {f"t5_training/configs/{os.path.basename(p)}"
+                   for p in glob.glob(os.path.join(fixtures.REPO, "configs", "*.json"))}
+        self.assertLen(configs, 5)
+        self.assertContainsSubset(configs, self.names)
+
+    def test_commands_run_from_the_unpacked_wheel_outside_the_checkout(self):
+        site = os.path.join(self.tmp.name, "site")
+        zipfile.ZipFile(self.wheel).extractall(site)
+        env = {**os.environ, "PYTHONPATH": site, "HF_HUB_OFFLINE": "1"}
+        probe = ("import data_collator_t5, pre_train_t5, fine_tune_t5, t5_training.dataset_stats\n"
+                 "from t5_training.modeling import resolve_config_name\n"
+                 "print(pre_train_t5.__file__, data_collator_t5.__file__, resolve_config_name('t5-tiny'))")
+        out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=self.tmp.name, capture_output=True,
+                             text=True, check=True).stdout.split()
+        for path in out:  # the wheel's copies, not the checkout's
+            self.assertTrue(path.startswith(site), path)
+        self.assertTrue(out[2].endswith(os.path.join("t5_training", "configs", "t5-tiny.json")))
+        for command in (["-m", "t5_training.dataset_stats", "--help"], ["-m", "pre_train_t5", "--help"],
+                        ["-m", "t5_training.memory", "--config_name", "t5-small", "--batch_size", "1",
+                         "--source_length", "8", "--target_length", "2"]):
+            run = subprocess.run([sys.executable, *command], env=env, cwd=self.tmp.name, capture_output=True,
+                                 text=True)
+            self.assertEqual(run.returncode, 0, f"{command}: {run.stderr[-800:]}")
+        self.assertIn("60.5M parameters", run.stdout)
 
 
 if __name__ == "__main__":
