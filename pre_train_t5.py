@@ -48,6 +48,9 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
     objective: Literal["span_corruption", "prefix_lm"] = "span_corruption"
     max_seq_length: int = field(default=512, metadata={"help": "Encoder input length after corruption."})
     noise_density: float = 0.15
+    eos_between_documents: bool = field(
+        default=False, metadata={"help": "Put an EOS after each document when packing. T5 packs documents end "
+                                         "to end (the default) and appends EOS after corruption only."})
     mean_noise_span_length: float = 3.0
     max_eval_samples: int = field(default=200, metadata={"help": "Validation chunks."})
     preprocessing_num_workers: int | None = None
@@ -115,19 +118,22 @@ def build_corpus(config: PreTrainConfig, tokenizer, chunk_length: int, accelerat
                                                 config.text_column, streaming=True)
         train = corpus.PackedStream(source, tokenizer, chunk_length, text_column=config.text_column,
                                     shuffle_buffer=config.shuffle_buffer_size, seed=config.seed,
-                                    rank=accelerator.process_index, world_size=accelerator.num_processes)
+                                    rank=accelerator.process_index, world_size=accelerator.num_processes,
+                                    eos_between_documents=config.eos_between_documents)
         if held_out is None and files:
             raise UsageError("--streaming needs --validation_file: a stream cannot hold out its own end")
         val_source = held_out or corpus.load_documents(None, config.dataset_name, config.dataset_config_name,
                                                        "validation", config.text_column, streaming=True)
-        stream = corpus.PackedStream(val_source, tokenizer, chunk_length, text_column=config.text_column, cycle=False)
+        stream = corpus.PackedStream(val_source, tokenizer, chunk_length, text_column=config.text_column, cycle=False,
+                                     eos_between_documents=config.eos_between_documents)
         return train, corpus.take_chunks(stream, config.max_eval_samples)
     documents = corpus.load_documents(files, config.dataset_name, config.dataset_config_name, "train",
                                       config.text_column, streaming=False)
-    packed = corpus.pack_dataset(documents, tokenizer, chunk_length, config.preprocessing_num_workers)
+    packed = corpus.pack_dataset(documents, tokenizer, chunk_length, config.preprocessing_num_workers,
+                                 eos_between_documents=config.eos_between_documents)
     if held_out:
         val_docs = corpus.load_documents(held_out, None, None, "validation", config.text_column, streaming=False)
-        val = corpus.pack_dataset(val_docs, tokenizer, chunk_length)
+        val = corpus.pack_dataset(val_docs, tokenizer, chunk_length, eos_between_documents=config.eos_between_documents)
         return packed, val.select(range(min(config.max_eval_samples, len(val))))
     # No held-out files: the corpus's last chunks (at most a tenth of it) become the validation set.
     n_eval = min(config.max_eval_samples, max(1, len(packed) // 10))

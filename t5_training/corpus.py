@@ -1,8 +1,10 @@
 """Pretraining text: reading a corpus, tokenizing it in fast batches, and packing it into chunks.
 
-Packing joins documents with EOS and cuts the token stream into chunks of exactly the raw
-length the span-corruption collator expects (568 tokens for 512-token inputs), so no batch
-holds padding. Two forms:
+Packing joins documents end to end, as T5's span_corruption does (reduce_concat_tokens, then
+split_tokens: no separator; the collator appends EOS to each corrupted input and target), and
+cuts the token stream into chunks of exactly the raw length the span-corruption collator
+expects (568 tokens for 512-token inputs), so no batch holds padding. `eos_between_documents`
+puts an EOS after each document instead, which sentinels may then mask mid-chunk. Two forms:
 
 * in memory (`pack_dataset`): the whole corpus is tokenized with `datasets.map` and cut with
   one reshape; only the final partial chunk (fewer than `chunk_length` tokens) is dropped.
@@ -108,17 +110,19 @@ def load_documents(files: Sequence[str] | None, dataset_name: str | None, datase
         ds.select_columns(["text"])
 
 
-def tokenize_documents(texts: list[str], tokenizer) -> list[list[int]]:
-    """Token ids of each document followed by EOS, the separator T5 packs documents with."""
-    return tokenizer(texts, add_special_tokens=True)["input_ids"]
+def tokenize_documents(texts: list[str], tokenizer, eos_between_documents: bool = False) -> list[list[int]]:
+    """Token ids of each document, followed by EOS if `eos_between_documents` (T5 packs without)."""
+    # A T5 tokenizer's only special token is the EOS it appends.
+    return tokenizer(texts, add_special_tokens=eos_between_documents)["input_ids"]
 
 
-def pack_dataset(documents: datasets.Dataset, tokenizer, chunk_length: int, num_proc: int | None = None
-                 ) -> datasets.Dataset:
+def pack_dataset(documents: datasets.Dataset, tokenizer, chunk_length: int, num_proc: int | None = None, *,
+                 eos_between_documents: bool = False) -> datasets.Dataset:
     """Packs an in-memory corpus into rows of exactly `chunk_length` ids, plus an `idx` per row."""
     datasets.disable_progress_bars()  # the chunk count printed afterwards is the useful line
-    tokenized = documents.map(lambda b: {"input_ids": tokenize_documents(b["text"], tokenizer)}, batched=True,
-                              remove_columns=documents.column_names, num_proc=num_proc, desc="tokenizing")
+    tokenized = documents.map(
+        lambda b: {"input_ids": tokenize_documents(b["text"], tokenizer, eos_between_documents)}, batched=True,
+        remove_columns=documents.column_names, num_proc=num_proc, desc="tokenizing")
     column = tokenized.data.column("input_ids")
     # One flatten over the Arrow column: no Python loop over documents or tokens.
     stream = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
@@ -142,10 +146,11 @@ class PackedStream(torch.utils.data.IterableDataset):
 
     def __init__(self, sources: Sequence[str] | datasets.IterableDataset, tokenizer, chunk_length: int, *,
                  text_column: str = "text", shuffle_buffer: int = 0, seed: int = 0, cycle: bool = True,
-                 rank: int = 0, world_size: int = 1, tokenize_batch: int = 256):
+                 rank: int = 0, world_size: int = 1, tokenize_batch: int = 256, eos_between_documents: bool = False):
         self.sources, self.tokenizer, self.chunk_length = sources, tokenizer, chunk_length
         self.text_column, self.shuffle_buffer, self.seed, self.cycle = text_column, shuffle_buffer, seed, cycle
         self.rank, self.world_size, self.tokenize_batch = rank, world_size, tokenize_batch
+        self.eos_between_documents = eos_between_documents
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -187,7 +192,7 @@ class PackedStream(torch.utils.data.IterableDataset):
 
         def flush():
             nonlocal carry
-            ids = tokenize_documents(batch, self.tokenizer)
+            ids = tokenize_documents(batch, self.tokenizer, self.eos_between_documents)
             batch.clear()
             carry = np.concatenate([carry, *(np.asarray(doc, dtype=np.int32) for doc in ids)])
             whole = len(carry) // self.chunk_length * self.chunk_length

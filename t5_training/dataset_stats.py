@@ -66,6 +66,9 @@ class StatsConfig:
     max_seq_length: int = field(default=512, metadata={"help": "Pretraining encoder input length."})
     objective: Literal["span_corruption", "prefix_lm"] = "span_corruption"
     noise_density: float = 0.15
+    eos_between_documents: bool = field(
+        default=False, metadata={"help": "Put an EOS after each document when packing. T5 packs documents end "
+                                         "to end (the default) and appends EOS after corruption only."})
     mean_noise_span_length: float = 3.0
     png: str | None = field(default=None, metadata={"help": "Write length histograms to this PNG."})
     json: str | None = field(default=None, metadata={"help": "Write the statistics to this JSON file."})
@@ -150,7 +153,8 @@ def corpus_stats(config: StatsConfig, tokenizer) -> dict:
     documents = corpus.load_documents(files, None, None, "train", config.text_column, streaming=False)
     if config.max_samples:
         documents = documents.select(range(min(config.max_samples, len(documents))))
-    tokenized = documents.map(lambda b: {"input_ids": corpus.tokenize_documents(b["text"], tokenizer)},
+    tokenized = documents.map(lambda b: {"input_ids": corpus.tokenize_documents(b["text"], tokenizer,
+                                                                                            config.eos_between_documents)},
                               batched=True, remove_columns=documents.column_names)
     lengths = _lengths(tokenized, "input_ids")
     if config.objective == "prefix_lm":

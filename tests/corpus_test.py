@@ -1,7 +1,8 @@
 """Tests for t5_training.corpus on real WikiText-2 text encoded with the SST-2 test tokenizer.
 
 The reference token stream is built here independently of the code under test: each document
-(a non-blank line, stripped) is encoded without special tokens and EOS is appended by hand.
+(a non-blank line, stripped) is encoded without special tokens, and joined with no separator as
+T5 packs (EOS is appended by hand where the option asks for it).
 Packing must then be an exact cut of that stream, whichever way the corpus is read.
 """
 
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoTokenizer
 
+from data_collator_t5 import DataCollatorForT5MLM
 from tests import fixtures
 from t5_training import corpus
 from t5_training.errors import UsageError
@@ -56,7 +58,8 @@ class CorpusTest(fixtures.TempDirTestCase):
             lines = (line.strip() for line in f)
             cls.lines = list(itertools.islice((line for line in lines if line), N_DOCS))
         assert len(cls.lines) == N_DOCS
-        cls.docs = [ids + [EOS] for ids in cls.tok(cls.lines, add_special_tokens=False).input_ids]
+        # T5 packs documents end to end: the reference stream is their ids, with no separator.
+        cls.docs = cls.tok(cls.lines, add_special_tokens=False).input_ids
         cls.stream = np.concatenate([np.asarray(d, dtype=np.int64) for d in cls.docs])
         assert len(cls.stream) > 50 * 1000, len(cls.stream)
         tmp = tempfile.TemporaryDirectory()
@@ -94,7 +97,44 @@ class CorpusTest(fixtures.TempDirTestCase):
     def test_reference_stream_matches_tokenize_documents(self):
         self.assertEqual(corpus.tokenize_documents(self.lines[:20], self.tok), self.docs[:20])
         self.assertNotIn(PAD, self.stream)  # so a 0 in a chunk could only be padding
-        self.assertEqual(int(np.sum(self.stream == EOS)), N_DOCS)  # the text holds no EOS of its own
+        self.assertNotIn(EOS, self.stream)  # the text holds no EOS of its own
+
+    # --- the separator ----------------------------------------------------------------------------
+
+    def test_both_packers_join_documents_without_eos_by_default(self):
+        documents = corpus.load_documents([self.path], None, None, "train", "text", streaming=False)
+        packed = np.asarray(corpus.pack_dataset(documents, self.tok, 568)["input_ids"])
+        streamed, _ = self.read([self.path], 568)
+        for chunks in (packed, streamed):
+            self.assertExactCut(chunks, range(N_DOCS), 568)
+            self.assertNotIn(EOS, chunks)
+
+    def test_eos_between_documents_in_both_packers(self):
+        # The option: each document followed by EOS, one per document, in both forms.
+        with_eos = [ids + [EOS] for ids in self.docs]
+        stream = np.concatenate([np.asarray(d, dtype=np.int64) for d in with_eos])
+        n = len(stream) // 568
+        documents = corpus.load_documents([self.path], None, None, "train", "text", streaming=False)
+        packed = np.asarray(corpus.pack_dataset(documents, self.tok, 568, eos_between_documents=True)["input_ids"])
+        streamed, _ = self.read([self.path], 568, eos_between_documents=True)
+        for chunks in (packed, streamed):
+            np.testing.assert_array_equal(chunks.reshape(-1), stream[: n * 568])
+            self.assertEqual(int(np.sum(chunks == EOS)), int(np.sum(stream[: n * 568] == EOS)))
+        self.assertEqual(corpus.tokenize_documents(self.lines[:3], self.tok, eos_between_documents=True),
+                         with_eos[:3])
+
+    def test_corrupted_inputs_and_targets_end_with_the_only_eos_by_default(self):
+        # T5: EOS is appended after corruption, so each input and target holds exactly one, last.
+        # With a separator, document EOS tokens land mid-chunk, where sentinels can mask them.
+        collator = DataCollatorForT5MLM(self.tok, input_length=128, seed=0)
+        documents = corpus.load_documents([self.path], None, None, "train", "text", streaming=False)
+        for eos_between, expect_inner in ((False, False), (True, True)):
+            packed = corpus.pack_dataset(documents, self.tok, collator.raw_length, eos_between_documents=eos_between)
+            batch = collator([packed[i] for i in range(32)])
+            for key in ("input_ids", "labels"):
+                counts = (batch[key] == EOS).sum(1)
+                self.assertEqual(bool((counts > 1).any()), expect_inner, key)
+                self.assertTrue(torch.all(counts >= 1))
 
     # --- in memory ------------------------------------------------------------------------------
 

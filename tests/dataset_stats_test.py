@@ -158,20 +158,29 @@ class RealDataTest(TempDirTestCase):
 
 class CorpusTest(TempDirTestCase):
 
-    def test_document_lengths_and_packed_chunks(self):
+    @parameterized.named_parameters(
+        # k tokens each (T5 packs end to end): 210 tokens in chunks of 16 (17 - 1 for prefix LM):
+        # 13 chunks, 2 dropped; 4 documents (17-20 tokens) exceed a chunk.
+        ("end_to_end", [], (1, 20), (210, 13, 2), 4),
+        # With an EOS after each: k + 1 tokens, 230 in all: 14 chunks, 6 dropped; 5 exceed a chunk.
+        ("eos_between", ["--eos_between_documents"], (2, 21), (230, 14, 6), 5),
+    )
+    def test_document_lengths_and_packed_chunks(self, flags, lengths, packing, too_long):
         path = os.path.join(self.dir, "corpus.txt")
         with open(path, "w", encoding="utf-8") as f:
-            f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # k + 1 tokens with EOS
+            f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # k tokens
         stats, text = run(["--corpus_file", os.path.join(self.dir, "*.txt"), "--tokenizer_name", sst2_tokenizer_dir(),
-                           "--objective", "prefix_lm", "--max_seq_length", "17"])
+                           "--objective", "prefix_lm", "--max_seq_length", "17", *flags])
         documents = stats["splits"]["corpus"]["document"]
-        self.assertEqual((documents["rows"], documents["min"], documents["max"]), (20, 2, 21))
-        # 230 tokens in chunks of 16 (17 - 1 for prefix LM): 14 chunks, 6 dropped; 5 documents exceed a chunk.
+        self.assertEqual((documents["rows"], documents["min"], documents["max"]), (20, *lengths))
+        tokens, chunks, dropped = packing
         self.assertEqual({k: stats["packing"][k] for k in ("tokens", "chunks", "dropped_tokens", "chunk_length")},
-                         {"tokens": 230, "chunks": 14, "dropped_tokens": 6, "chunk_length": 16})
-        self.assertEqual((documents["truncated_rows"], documents["truncated_percent"]), (5, 25.0))
-        self.assertIn("  longer than one chunk (16 tokens): 5 documents (25.00%), split across chunks\n", text)
-        self.assertIn("\n  230 tokens make 14 chunks of 16 tokens; the last 6 tokens are dropped", text)
+                         {"tokens": tokens, "chunks": chunks, "dropped_tokens": dropped, "chunk_length": 16})
+        self.assertEqual((documents["truncated_rows"], documents["truncated_percent"]), (too_long, too_long * 5.0))
+        self.assertIn(f"  longer than one chunk (16 tokens): {too_long} documents ({too_long * 5.0:.2f}%), split "
+                      "across chunks\n", text)
+        self.assertIn(f"\n  {tokens} tokens make {chunks} chunks of 16 tokens; the last {dropped} tokens are dropped",
+                      text)
 
 
 class BadInputTest(TempDirTestCase):
