@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     start_id = model.config.decoder_start_token_id
     longest = data.make_longest_batch(task, tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
-    train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id)
+    train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id, accelerator.num_processes)
 
     def make_evaluate(prepared_eval_loaders):
         return evaluation.make_generation_evaluator(accelerator, entry, task, prepared_eval_loaders, tokenizer,

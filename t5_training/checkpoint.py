@@ -15,10 +15,11 @@ import pickle
 import re
 import shutil
 
+import torch
 from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
 
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, WriteError
 from t5_training.interrupts import kill_point
 from t5_training.reporting import write_json
 
@@ -29,6 +30,7 @@ logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
 MANIFEST = "checkpoint.json"
 STATE_FILE = "train_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def checkpoint_dir(output_dir: str, step: int) -> str:
@@ -89,16 +91,62 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(tmp)
-    accelerator.wait_for_everyone()
+    # Every process writes (its RNG state at least), so a failure is agreed on before anyone
+    # goes on: one process raising alone would leave the others in the next collective.
+    agree_on_write(accelerator, _attempt(lambda: accelerator.save_state(tmp)), tmp, final,
+                   list_checkpoints(output_dir))
     kill_point("save", state.step)
-    if accelerator.is_main_process:
+
+    def finish() -> None:
         write_json(os.path.join(tmp, STATE_FILE), state.state_dict())
         write_json(os.path.join(tmp, MANIFEST), {"step": state.step, "files": _file_sizes(tmp)})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-    accelerator.wait_for_everyone()
+
+    failure = _attempt(finish) if accelerator.is_main_process else None
+    agree_on_write(accelerator, failure, tmp, final, list_checkpoints(output_dir))
     return final
+
+
+def _attempt(write) -> OSError | None:
+    """Runs `write()`; returns the OSError it raised (a full disk, a read-only folder), else None."""
+    try:
+        write()
+    except OSError as err:
+        return err
+    except Exception as err:  # noqa: BLE001 - only I/O failures are kept, the rest re-raised
+        # The Rust writers (tokenizers, safetensors) raise plain exceptions that end in
+        # "(os error 28)" rather than an OSError.
+        code = _RUST_OS_ERROR.search(str(err))
+        if code is None:
+            raise
+        return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+    return None
+
+
+def agree_on_write(accelerator, failure: OSError | None, partial: str, target: str, intact: list[str]) -> None:
+    """Raises WriteError on every process if `failure` happened on any, after removing `partial`.
+
+    One all-reduce decides (a barrier when no process failed), so all processes stop together.
+    The message names the target, the free space left and the newest checkpoint in `intact`.
+    """
+    failed = failure is not None
+    if accelerator.num_processes > 1:
+        flag = torch.tensor([float(failed)], device=accelerator.device)
+        failed = bool(accelerator.reduce(flag, reduction="sum").item())
+    else:
+        accelerator.wait_for_everyone()
+    if not failed:
+        return
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    reason = (failure.strerror or type(failure).__name__) if failure is not None else "failed on another process"
+    folder = os.path.dirname(os.path.abspath(target))
+    free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+    kept = f"{intact[-1]} is intact" if intact else "no earlier checkpoint exists"
+    raise WriteError(f"could not write {target} ({reason}; {free / 2**20:.1f} MiB free in {folder}); {kept}, and "
+                     "nothing half-written was left: free space and rerun with --resume_from_checkpoint auto")
 
 
 def _file_sizes(folder: str) -> dict[str, int]:
@@ -151,15 +199,18 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
     """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically."""
     state_dict = accelerator.get_state_dict(model)
     hf_logging.disable_progress_bar()  # one shard per export; a bar per save only clutters logs
-    if accelerator.is_main_process:
-        tmp = f"{path}.tmp"
+    tmp = f"{path}.tmp"
+
+    def write() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-    accelerator.wait_for_everyone()
+
+    failure = _attempt(write) if accelerator.is_main_process else None
+    agree_on_write(accelerator, failure, tmp, path, list_checkpoints(os.path.dirname(os.path.abspath(path))))
 
 
 

@@ -303,14 +303,15 @@ def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
     return TaskData(train=tokenized[entry.train_split], evals=evals, max_target_tokens=longest_target)
 
 
-def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int):
+def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int, num_processes: int = 1):
     """The shuffled training loader and one ordered loader per eval split."""
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     train = model_columns(task.train)
     if config.group_by_length:
         # Encoder inputs dominate the cost (and the padding) of a text-to-text batch.
         lengths = [len(ids) for ids in train["input_ids"]]
-        sampler = LengthGroupedSampler(lengths, config.per_device_train_batch_size, config.seed)
+        global_batch = config.per_device_train_batch_size * config.gradient_accumulation_steps * num_processes
+        sampler = LengthGroupedSampler(lengths, global_batch, config.seed)
     else:
         sampler = EpochShuffleSampler(len(train), config.seed)
     workers = loader_workers(config)

@@ -5,13 +5,15 @@ the problem and the fix, never a traceback from deep inside a library. Library c
 of the `CliError`s below; `run_cli` prints its message once and exits with the error's code:
 
     0   finished
-    2   bad input (UsageError), like argparse; nothing was written
+    2   bad input (UsageError), like argparse; nothing was written. Also a checkpoint or export
+        that could not be written (WriteError: a full disk): the ones written before are intact
     3   training diverged (DivergedError): the loss stayed non-finite; no NaN weights were saved
     75  preempted (Preempted): a checkpoint was saved; rerun with --resume_from_checkpoint auto.
         75 is sysexits' EX_TEMPFAIL ("try again later"), which the Slurm scripts requeue on.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Callable, Sequence
@@ -44,6 +46,18 @@ class DivergedError(CliError, RuntimeError):
     raised_by_every_process = True
 
 
+class WriteError(CliError):
+    """A checkpoint, export or results file could not be written (a full disk, a read-only folder).
+
+    Raised on every process once they agree (see checkpoint.save_checkpoint); what was being
+    written is removed, and earlier checkpoints are intact, so the run resumes after the user
+    frees space. Exit code 2: like bad input, the fix is the user's.
+    """
+
+    exit_code = EXIT_USAGE
+    raised_by_every_process = True
+
+
 class Preempted(CliError):
     """A SIGTERM or SIGUSR1 arrived; the run saved a checkpoint and stops so it can be requeued."""
 
@@ -56,6 +70,14 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
     """Runs `main(argv)`; a `CliError` becomes one line on stderr and its exit code."""
     try:
         main(argv)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A write outside the checkpoint code (a results file, a plot) hit a full disk.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: no space left on device writing {err.filename or 'a file'}; free space and rerun with "
+                  "--resume_from_checkpoint auto (checkpoints saved before are intact)", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     except CliError as err:
         # Under `accelerate launch` every process hits the same error: print it once.
         if os.environ.get("RANK", "0") == "0":

@@ -45,7 +45,12 @@ class TrainState:
 
     step: int = 0
     epoch: int = 0
-    batches_in_epoch: int = 0
+    # The data position: rows of the epoch consumed, over all processes. Counted in rows rather
+    # than batches, so that a run can resume with another per-device batch, accumulation or
+    # number of processes (same global batch) and still see the same rows in the same order.
+    samples_in_epoch: int = 0
+    # The per-device batch, accumulation and processes of the run that saved (batch_layout()).
+    batch_layout: dict = field(default_factory=dict)
     samples_seen: int = 0
     tokens_seen: int = 0
     train_seconds: float = 0.0
@@ -61,8 +66,58 @@ class TrainState:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, values: dict) -> None:
+        values = dict(values)
+        if "batches_in_epoch" in values:
+            # Written before positions were counted in rows: batches of the layout it was saved
+            # with, which it did not record. continue_with_layout converts it.
+            self.legacy_batches_in_epoch = values.pop("batches_in_epoch")
         for name, value in values.items():
             setattr(self, name, value)
+
+
+def batch_layout(config: TrainingConfig, accelerator: Accelerator) -> dict:
+    """How this run splits its global batch: per-device batch x accumulation x processes."""
+    return {"per_device": config.per_device_train_batch_size, "accumulation": config.gradient_accumulation_steps,
+            "processes": accelerator.num_processes}
+
+
+def _describe(layout: dict) -> str:
+    global_batch = layout["per_device"] * layout["accumulation"] * layout["processes"]
+    return (f"{global_batch} ({layout['per_device']} per device x {layout['accumulation']} accumulation x "
+            f"{layout['processes']} processes)")
+
+
+def continue_with_layout(accelerator: Accelerator, config: TrainingConfig, state: TrainState, path: str, *,
+                         streaming: bool = False) -> None:
+    """Lets a resumed run continue exactly under another split of the same global batch.
+
+    The checkpoint's data position is in rows, so the rows come in the same order whatever the
+    new per-device batch, accumulation and number of processes. A different global batch is
+    refused: the rows per optimizer step, the schedule's meaning of a step and the data
+    position would all change. accelerate restores its micro-batch counter as steps x the OLD
+    accumulation; it is reset here so that every window ends on a synchronising micro-batch.
+    """
+    now = batch_layout(config, accelerator)
+    saved = state.batch_layout or now
+    if hasattr(state, "legacy_batches_in_epoch"):
+        state.samples_in_epoch = state.legacy_batches_in_epoch * now["per_device"] * now["processes"]
+        del state.legacy_batches_in_epoch
+    product = lambda layout: layout["per_device"] * layout["accumulation"] * layout["processes"]  # noqa: E731
+    if product(saved) != product(now):
+        raise UsageError(f"checkpoint {path} was trained with a global batch of {_describe(saved)}, but this run has "
+                         f"{_describe(now)}; resume with the same global batch (any split of it), or start a new "
+                         "run from its weights with --model_name_or_path")
+    if streaming and saved["processes"] != now["processes"]:
+        raise UsageError(f"checkpoint {path} streamed its corpus over {saved['processes']} processes, this run has "
+                         f"{now['processes']}: each process reads its own share of a stream, so the position does not "
+                         f"carry over; resume with {saved['processes']} processes")
+    rows = now["per_device"] * now["processes"]
+    if state.samples_in_epoch % rows:
+        raise UsageError(f"checkpoint {path} stopped {state.samples_in_epoch} rows into epoch {state.epoch}, which is "
+                         f"not a whole number of this run's {now['per_device']} x {now['processes']}-row micro-batches; "
+                         f"resume with {_describe(saved)}")
+    accelerator.step = state.step * config.gradient_accumulation_steps
+    state.batch_layout = now
 
 
 @dataclass(frozen=True)
@@ -180,23 +235,27 @@ def forward_loss_sum(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     return token_cross_entropy_sum(logits, batch["labels"])
 
 
-def _micro_batches(accelerator: Accelerator, loader, state: TrainState) -> Iterator[dict]:
-    """Batches forever, epoch after epoch, starting at the state's saved data position."""
+def _micro_batches(accelerator: Accelerator, loader, state: TrainState, rows: int) -> Iterator[dict]:
+    """Batches forever, epoch after epoch, starting at the state's saved data position.
+
+    `rows` is a micro-batch's rows over all processes (per-device batch x processes): what the
+    position advances by per micro-batch, so that it counts rows of the epoch.
+    """
     while True:
         # A streaming loader is not prepared by accelerate (its dataset shards itself), so the
         # epoch goes to its dataset and its batches still have to reach the device.
         (loader if hasattr(loader, "set_epoch") else loader.dataset).set_epoch(state.epoch)
-        skip = state.batches_in_epoch
+        skip = state.samples_in_epoch // rows
         produced = skip
         for batch in accelerator.skip_first_batches(loader, skip) if skip else loader:
-            state.batches_in_epoch += 1
+            state.samples_in_epoch += rows
             produced += 1
             yield {name: value.to(accelerator.device) for name, value in batch.items()}
         if not produced:
             # Otherwise an empty epoch would repeat forever (or hang the other processes).
             raise UsageError("the training data yields no batch on this process; add data or use fewer processes")
         state.epoch += 1
-        state.batches_in_epoch = 0
+        state.samples_in_epoch = 0
 
 
 def batches_per_epoch(loader) -> int:
@@ -296,7 +355,9 @@ def train(
     model.train()
     bar = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
                desc="training", dynamic_ncols=True)
-    batches = _micro_batches(accelerator, loader, state)
+    rows = config.per_device_train_batch_size * accelerator.num_processes
+    batches = _micro_batches(accelerator, loader, state, rows)
+    state.batch_layout = batch_layout(config, accelerator)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     per_epoch = batches_per_epoch(loader)
     stop = voted_stop = False
@@ -315,7 +376,8 @@ def train(
 
             # Losses, counts and stop votes are read back at logging steps (and before evaluating
             # or saving), where the non-finite guard also runs: no host sync in between.
-            flush = functools.partial(_flush_losses, accelerator, config, scheduler, state, pending, bar, per_epoch)
+            flush = functools.partial(_flush_losses, accelerator, config, scheduler, state, pending, bar,
+                                      per_epoch * rows)
             at_end = state.step >= total_steps
             if at_end or state.step % max(config.logging_steps, 1) == 0:
                 voted_stop |= flush()
@@ -353,7 +415,7 @@ def _guard_nonfinite(accelerator, config: TrainingConfig, state: TrainState, ste
 
 
 def _flush_losses(accelerator, config: TrainingConfig, scheduler, state: TrainState, pending: list, bar,
-                  per_epoch: int) -> bool:
+                  rows_per_epoch: int) -> bool:
     """Reads the pending steps' losses and counts (one host sync), guards against non-finite steps, logs.
 
     Returns whether any process voted to stop (a preemption signal) in those steps.
@@ -371,8 +433,8 @@ def _flush_losses(accelerator, config: TrainingConfig, scheduler, state: TrainSt
     state.tokens_seen += int(tokens)
     lr = scheduler.get_last_lr()[0]
     logged = {"train/loss": sum(values) / len(values), "train/lr": lr}
-    if per_epoch:
-        logged["train/epoch"] = state.epoch + state.batches_in_epoch / per_epoch
+    if rows_per_epoch:
+        logged["train/epoch"] = state.epoch + state.samples_in_epoch / rows_per_epoch
     accelerator.log(logged, step=state.step)
     bar.set_postfix(loss=f"{values[-1]:.4f}", lr=f"{lr:.2e}")
     return votes > 0
@@ -431,6 +493,8 @@ def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
 
 def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective,
            per_epoch: int) -> dict:
+    # Micro-batches per process per epoch -> rows per epoch, the unit of the data position.
+    rows_per_epoch = per_epoch * config.per_device_train_batch_size * accelerator.num_processes
     """Writes train_results.json, eval_results.json and loss_curve.png; prints the metric table.
 
     Throughput counts time spent in optimizer steps only (not evaluation or saving), and
@@ -443,7 +507,7 @@ def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, 
         "train_samples_per_second": round(state.samples_seen / seconds, 3),
         "train_tokens_per_second": round(state.tokens_seen / seconds, 3),
         "train_steps": state.step,
-        "epoch": round(state.epoch + state.batches_in_epoch / per_epoch, 4) if per_epoch else None,
+        "epoch": round(state.epoch + state.samples_in_epoch / rows_per_epoch, 4) if rows_per_epoch else None,
     }
     last_eval = {k: v for k, v in (state.evals[-1] if state.evals else {}).items() if k != "step"}
     eval_results = {**last_eval, "best_metric": state.best_metric, "best_step": state.best_step,
@@ -486,10 +550,12 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
     scheduler = build_scheduler(optimizer, config, total_steps)
 
     state = TrainState()
-    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(resume_path))
     if resume_path:
+        # Before the output folder is touched: a checkpoint refused here leaves no trace.
         checkpoint.load_checkpoint(accelerator, resume_path, state, scheduler)
+        continue_with_layout(accelerator, config, state, resume_path, streaming=not prepare_train_loader)
         accelerator.print(f"resumed from {resume_path} at step {state.step}")
+    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(resume_path))
     init_trackers(accelerator, config, project_name)
 
     def export(model, name: str) -> None:

@@ -11,12 +11,18 @@ def write_json(path: str, values: Mapping) -> None:
     the folder it goes in if need be."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(values, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename makes it visible
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(values, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
+        os.replace(tmp, path)
+    except OSError:
+        # A full disk: leave no half-written file behind; the previous `path`, if any, stands.
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def format_table(rows: Sequence[Mapping[str, object]]) -> str:

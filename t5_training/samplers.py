@@ -44,11 +44,16 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
 class LengthGroupedSampler(EpochShuffleSampler):
     """A shuffle in which consecutive `batch_size` rows have similar lengths (`--group_by_length`).
 
-    The epoch's permutation is cut into windows of `MEGABATCH_BATCHES` batches and each window is
-    sorted by length, longest first, so a dynamically padded batch holds rows of similar length
-    and pads little. The windows keep the shuffle random at the scale of the epoch, and the
-    order of the batches inside a window is shuffled too, so the model does not see lengths
-    fall steadily. Every row is still visited exactly once per epoch.
+    `batch_size` is the global batch (per-device batch x accumulation x processes). The epoch's
+    permutation is cut into windows of `MEGABATCH_BATCHES` global batches and each window is
+    sorted by length, longest first, so the micro-batches cut from a global batch hold rows of
+    similar length and pad little. The windows keep the shuffle random at the scale of the
+    epoch, and the order of the global batches inside a window is shuffled too, so the model
+    does not see lengths fall steadily. Every row is still visited exactly once per epoch.
+
+    Grouping by the global batch rather than the per-device one makes the order of rows a
+    function of (seed, epoch, global batch) alone: a run resumed with another per-device batch,
+    accumulation or number of processes, but the same global batch, sees the same rows.
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, seed: int):

@@ -269,7 +269,7 @@ class SaveLoadTest(_TmpDirTest):
 
     def test_save_writes_complete_folder(self):
         accelerator, model, optimizer = self._accelerated(0)
-        state = TrainState(step=7, epoch=1, batches_in_epoch=3, losses=[2.5, 2.0])
+        state = TrainState(step=7, epoch=1, samples_in_epoch=24, losses=[2.5, 2.0])
         path = checkpoint.save_checkpoint(accelerator, self.out, state)
         self.assertEqual(path, os.path.join(self.out, "step-000007"))
         self.assertEqual(os.listdir(self.out), ["step-000007"])  # no .tmp- left behind
@@ -286,8 +286,8 @@ class SaveLoadTest(_TmpDirTest):
         with open(os.path.join(path, checkpoint.STATE_FILE)) as f:
             saved = json.load(f)
         self.assertEqual(saved, state.state_dict())
-        self.assertEqual((saved["step"], saved["epoch"], saved["batches_in_epoch"], saved["losses"]),
-                         (7, 1, 3, [2.5, 2.0]))
+        self.assertEqual((saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["losses"]),
+                         (7, 1, 24, [2.5, 2.0]))
         self.assertTrue(checkpoint.is_complete(path))
         self.assertEqual(checkpoint.list_checkpoints(self.out), [path])
 
@@ -328,7 +328,7 @@ class SaveLoadTest(_TmpDirTest):
         self._train_one_step(model, optimizer)
         saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
         saved_moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
-        state = TrainState(step=7, epoch=2, batches_in_epoch=5, samples_seen=96, losses=[3.0, 2.5, 2.25],
+        state = TrainState(step=7, epoch=2, samples_in_epoch=40, samples_seen=96, losses=[3.0, 2.5, 2.25],
                            best_metric=0.75, best_step=6)
         path = checkpoint.save_checkpoint(accelerator, self.out, state)
 
@@ -347,8 +347,8 @@ class SaveLoadTest(_TmpDirTest):
         for key, value in model.state_dict().items():
             torch.testing.assert_close(value, saved_weights[key], rtol=0, atol=0)
         torch.testing.assert_close(optimizer.state_dict()["state"][0]["exp_avg"], saved_moments, rtol=0, atol=0)
-        self.assertEqual((restored.step, restored.epoch, restored.batches_in_epoch, restored.samples_seen),
-                         (7, 2, 5, 96))
+        self.assertEqual((restored.step, restored.epoch, restored.samples_in_epoch, restored.samples_seen),
+                         (7, 2, 40, 96))
         self.assertEqual(restored.losses, [3.0, 2.5, 2.25])
         self.assertEqual((restored.best_metric, restored.best_step), (0.75, 6))
         self.assertEqual(restored, state)
