@@ -20,6 +20,7 @@ import torch
 from constants import LocalFiles, PackageCorpus, TaskEntry
 from t5_training.errors import UsageError
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
+from t5_training.table_files import read_table_file, scan_lines
 from t5_training.tasks import make_formatter, make_label_normalizer, required_columns
 
 # Batches are padded to their longest row, rounded up to this multiple on a GPU only: tensor
@@ -47,7 +48,8 @@ def load_splits(
     wanted = (entry.train_split, *entry.eval_splits)
     if train_file or validation_file:
         files = {entry.train_split: train_file, entry.eval_splits[0]: validation_file}
-        raw = {split: _read_table_file(path, split) for split, path in files.items() if path}
+        raw = {split: read_table_file(path, split, required_columns(entry)) for split, path in files.items()
+               if path}
     elif data_dir:
         raw = _read_local_files(entry, data_dir, wanted)
     elif entry.package_corpus:
@@ -75,42 +77,6 @@ def _canonical(entry: TaskEntry, ds: datasets.Dataset, split: str) -> datasets.D
     features = datasets.Features({**ds.features, entry.target: datasets.Value(target_type)})
     return ds.map(make_label_normalizer(entry, f"{split} split"), batched=True, with_indices=True,
                   features=features, desc=f"checking {split} labels")
-
-
-def _read_table_file(path: str, split: str) -> datasets.Dataset:
-    if not os.path.isfile(path):
-        raise UsageError(f"{split} file {path!r} does not exist; check the path")
-    extension = os.path.splitext(path)[1].lower()
-    builder = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}.get(extension)
-    if builder is None:
-        raise UsageError(f"{path}: unsupported file type {extension!r}; use .csv, .tsv, .json or .jsonl")
-    kwargs = {"delimiter": "\t"} if extension == ".tsv" else {}
-    # datasets names neither problem: a file without rows fails with "Instruction ... corresponds
-    # to no data" or a bare StopIteration, and bad UTF-8 inside a JSON string fails only when read.
-    lines, error = _scan_lines(path, "utf-8")
-    if error:
-        raise error
-    if lines <= (1 if builder == "csv" else 0):  # a CSV's first line is its header
-        raise UsageError(f"{split} file {path} has no rows; point the run at a file with rows")
-    return datasets.load_dataset(builder, data_files={split: path}, split=split, **kwargs)
-
-
-def _scan_lines(path: str, encoding: str) -> tuple[int, UsageError | None]:
-    """Counts the non-blank lines of a file, stopping with an error at the first that does not decode."""
-    # Line by line so the error can name the line: a UnicodeDecodeError's offset counts from the
-    # start of the chunk being decoded, not of the file.
-    count = 0
-    with open(path, "rb") as f:
-        for line, raw in enumerate(f, start=1):
-            try:
-                raw.decode(encoding)
-            except UnicodeDecodeError as err:
-                # "utf-8-sig" (UTF-8 that may start with a byte-order mark) is still just UTF-8 to a user.
-                name = "UTF-8" if encoding.replace("_", "-").lower().startswith("utf-8") else encoding
-                return count, UsageError(f"{path} is not {name}: line {line} has byte 0x{raw[err.start]:02x} "
-                                         f"({err.reason}); re-encode it as UTF-8")
-            count += bool(raw.strip())
-    return count, None
 
 
 def _read_local_files(entry: TaskEntry, data_dir: str, splits: Sequence[str]) -> dict[str, datasets.Dataset]:
@@ -144,7 +110,7 @@ def _read_delimited(path: str, layout: LocalFiles) -> datasets.Dataset:
                 for old, new in layout.columns.items():
                     columns[new].append(record[old])
     except UnicodeDecodeError as err:
-        raise (_scan_lines(path, layout.encoding)[1] or err) from None
+        raise (scan_lines(path, layout.encoding)[1] or err) from None
     return datasets.Dataset.from_dict(columns)
 
 

@@ -31,6 +31,11 @@ class CliError(Exception):
     # True where every process raises it after the same step, from values they all-reduced.
     raised_by_every_process = False
 
+    def __init__(self, message: str = ""):
+        # One line whatever the message quotes: a column name or a cell from a user's file may
+        # hold line breaks, which would otherwise split the error over several lines.
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
 
 class UsageError(CliError, ValueError):
     """A problem with what the user asked for. The message says what to do instead."""

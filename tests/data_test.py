@@ -200,7 +200,7 @@ class TableFileTest(fixtures.TempDirTestCase):
                           "target": ["negative", "positive"]})
 
     def test_csv_missing_label_names_its_row(self):
-        with self.assertRaisesRegex(UsageError, r"^validation split row 3: label None is not one of"):
+        with self.assertRaisesRegex(UsageError, r"^validation split row 3: label '' is not one of"):
             self._load(tasks.get_entry("glue", "sst2"), "sentence,label\nfun,1\n",
                        "sentence,label\ngood,1\nbad,0\nmeh,\n")
 
