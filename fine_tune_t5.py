@@ -18,7 +18,7 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training import batch_size, checkpoint, data, evaluation, loop
+from t5_training import agreement, batch_size, checkpoint, data, evaluation, loop
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
 
-    with accelerator.main_process_first():
-        task = data.build_task_data(entry, config, tokenizer, accelerator.print)
+    task = agreement.main_process_first(accelerator,
+                                        lambda: data.build_task_data(entry, config, tokenizer, accelerator.print))
     start_id = model.config.decoder_start_token_id
     longest = data.make_longest_batch(task, tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)

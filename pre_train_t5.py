@@ -19,7 +19,7 @@ import torch
 from accelerate.utils import set_seed
 
 from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
-from t5_training import batch_size, checkpoint, corpus, data, evaluation, loop
+from t5_training import agreement, batch_size, checkpoint, corpus, data, evaluation, loop
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
 from t5_training.samplers import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
     collator = build_collator(config, tokenizer)
     check_lengths(model, max_seq_length=config.max_seq_length)
 
-    with accelerator.main_process_first():
-        train_data, eval_data = build_corpus(config, tokenizer, collator.raw_length, accelerator)
+    train_data, eval_data = agreement.main_process_first(
+        accelerator, lambda: build_corpus(config, tokenizer, collator.raw_length, accelerator))
     # Every pretraining batch has the same shape; "idx" keeps the probe from drawing masks
     # from the collator's own random stream.
     chunk = [tokenizer.unk_token_id] * collator.raw_length

@@ -103,4 +103,7 @@ def _close_process_group() -> None:
     """
     distributed = sys.modules.get("torch.distributed")  # never imported here just to find nothing
     if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        # Leave together: a launcher that sees one process exit terminates the others, which would
+        # then report SIGTERM instead of their own exit code.
+        distributed.barrier()
         distributed.destroy_process_group()

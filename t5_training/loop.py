@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import math
 import time
@@ -28,7 +29,7 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedType, Gradient
                              InitProcessGroupKwargs, TorchDynamoPlugin)
 from tqdm.auto import tqdm
 
-from t5_training import checkpoint, reporting
+from t5_training import agreement, checkpoint, reporting
 from t5_training.config import TrainingConfig, config_for_trackers
 from t5_training.errors import DivergedError, Preempted, UsageError
 from t5_training.interrupts import PreemptionHandler, kill_point
@@ -363,6 +364,11 @@ def train(
     stop = voted_stop = False
     # The bar is closed on every exit, so that an error's one line starts a line of its own.
     with PreemptionHandler(accelerator.print) as preemption, contextlib.closing(bar):
+        if state.step < total_steps:
+            # A process whose share of the data is empty fails on its first batch, alone: agreed
+            # on, so every process stops with that error instead of waiting in the first all-reduce.
+            first = agreement.on_every_process(accelerator, lambda: next(batches))
+            batches = itertools.chain([first], batches)
         while state.step < total_steps and not stop:
             started = time.perf_counter()
             window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
@@ -552,7 +558,9 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
     state = TrainState()
     if resume_path:
         # Before the output folder is touched: a checkpoint refused here leaves no trace.
-        checkpoint.load_checkpoint(accelerator, resume_path, state, scheduler)
+        # Each process reads its own RNG file: a damaged one fails on that process alone.
+        agreement.on_every_process(accelerator, lambda: checkpoint.load_checkpoint(accelerator, resume_path, state,
+                                                                                    scheduler))
         continue_with_layout(accelerator, config, state, resume_path, streaming=not prepare_train_loader)
         accelerator.print(f"resumed from {resume_path} at step {state.step}")
     checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(resume_path))
