@@ -43,6 +43,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 SMALL, TINY, V11_SMALL = "configs/t5-small.json", "configs/t5-tiny.json", "configs/t5-v1_1-small.json"
+BASE = "configs/t5-base.json"
 
 # (config, batch, source, target, optim, options); options: gradient_checkpointing, frozen, dropout_rate,
 # padding (False: packed pretraining batches), precision.
@@ -62,6 +63,10 @@ FULL = [
     (TINY, 16, 512, 114, "adamw_torch", {"precision": "bf16"}),  # CPU autocast (slow on CPUs without bf16)
 ]
 QUICK = [(TINY, 16, 128, 8, "adamw_torch", {})]
+# On a GPU (--device cuda): t5-small and t5-base shapes in fp32 and bf16 autocast, with the fused
+# AdamW and T5's Adafactor that optim.py builds, against torch.cuda.max_memory_allocated().
+CUDA = [(shape, 8, 512, 114, optim, {"precision": precision})
+        for shape in (SMALL, BASE) for precision in ("fp32", "bf16") for optim in ("adamw_torch", "adafactor")]
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2", "MKL_DISABLE_FAST_MM": "1",
              "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
 
@@ -238,7 +243,8 @@ def main(argv=None) -> list[dict]:
     from t5_training.reporting import format_table, write_json
 
     rows = []
-    for config, batch, source, target, optim, options in (QUICK if args.quick else FULL):
+    configurations = QUICK if args.quick else (CUDA if args.device == "cuda" else FULL)
+    for config, batch, source, target, optim, options in configurations:
         job = {"config": config, "batch": batch, "source": source, "target": target, "optim": optim,
                "steps": args.steps, "device": args.device, **options}
         result = run_child(job)
