@@ -65,9 +65,11 @@ def _read_delimited(path: str, delimiter: str) -> dict[str, list[str]]:
         reader = csv.reader(f, delimiter=delimiter)
         try:
             header = next(row for row in reader if row)
-            if len(set(header)) < len(header) or not all(h.strip() for h in header):
-                raise UsageError(f"{path} line {reader.line_num}: the header {header!r} has empty or repeated column "
-                                 f"names; the first line must name each column once, {name}-separated")
+            if len(set(header)) < len(header) or not all(h.strip() and h.isprintable() for h in header):
+                # Arrow cannot hold a column name with a control character (NUL, tab, newline).
+                raise UsageError(f"{path} line {reader.line_num}: the header {header!r} has empty, repeated or "
+                                 f"unprintable column names; the first line must name each column once, "
+                                 f"{name}-separated")
             columns: dict[str, list[str]] = {h: [] for h in header}
             for row in reader:
                 if not row:
