@@ -538,5 +538,8 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
     ensure_finite_weights(model, "the end of training")
     export(model, "final")
     results = finish(accelerator, config, state, objective, per_epoch)
+    # Every process reaches the end before the process group is destroyed: a gloo peer torn down
+    # while another still holds the connection can abort at exit ("terminate called ...").
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
