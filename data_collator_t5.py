@@ -85,13 +85,12 @@ def random_spans_noise_mask(batch_size: int, length: int, noise_density: float,
 
 
 class _BatchRandomness:
-    """The generators a batch's rows draw their randomness from, one per row.
+    """The generator a batch's randomness is drawn from.
 
-    With "idx" on every example, a row's generator is a pure function of (seed, its idx): a
-    resumed run re-creates exactly the masks an uninterrupted run saw, whichever data-loader
-    worker or process builds the batch and however the rows are cut into batches (a run resumed
-    with another per-device batch corrupts each row as before), and two workers or processes
-    never repeat each other's masks because they never receive the same rows.
+    With "idx" on every example, the generator is a pure function of (seed, the batch's idx
+    values): a resumed run re-creates exactly the masks an uninterrupted run saw, whichever
+    data-loader worker or process builds the batch, and two workers or processes never repeat
+    each other's masks because they never receive the same rows.
 
     Without "idx", a stream per (process rank, worker) is the best we can do. It is created on
     first use inside the worker, never in __init__: the collator is built before DataLoader
@@ -104,10 +103,10 @@ class _BatchRandomness:
         self.seed = seed
         self._fallback: tuple[tuple[int, int], np.random.Generator] | None = None
 
-    def __call__(self, examples: list[dict]) -> list[np.random.Generator]:
+    def __call__(self, examples: list[dict]) -> np.random.Generator:
         with_idx = sum("idx" in ex for ex in examples)
         if with_idx == len(examples):
-            return [np.random.default_rng(np.random.SeedSequence([self.seed, int(ex["idx"])])) for ex in examples]
+            return np.random.default_rng(np.random.SeedSequence([self.seed, *(int(ex["idx"]) for ex in examples)]))
         if with_idx:
             raise ValueError(f'{with_idx} of {len(examples)} examples carry "idx"; give it to all or none')
         info = torch.utils.data.get_worker_info()
@@ -117,7 +116,7 @@ class _BatchRandomness:
             rank = int(os.environ.get("RANK", 0))
             # SeedSequence takes non-negative entropy only, so the main process (-1) maps to 0.
             self._fallback = (key, np.random.default_rng(np.random.SeedSequence([self.seed, rank, worker_id + 1])))
-        return [self._fallback[1]] * len(examples)
+        return self._fallback[1]
 
 
 def _stack_chunks(examples: list[dict], length: int) -> np.ndarray:
@@ -185,9 +184,8 @@ class DataCollatorForT5MLM:
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = _stack_chunks(examples, self.raw_length)
-        mask = np.concatenate([random_spans_noise_mask(1, self.raw_length, self.noise_density,
-                                                       self.mean_noise_span_length, rng)
-                               for rng in self._rng(examples)])
+        mask = random_spans_noise_mask(len(tokens), self.raw_length, self.noise_density,
+                                       self.mean_noise_span_length, self._rng(examples))
         input_ids = self._replace_runs(tokens, mask, self.input_length, self.pad_token_id)
         # Non-noise runs become the sentinels in the targets; since masks start with non-noise,
         # the i-th such sentinel precedes the i-th noise span, matching the inputs.
@@ -217,7 +215,7 @@ class DataCollatorForPrefixLM:
         tokens = _stack_chunks(examples, self.raw_length)
         n = self.raw_length
         # Prefix length uniform in [1, n - 1], as random_prefix_noise_mask: neither side is empty.
-        split = np.array([[rng.integers(1, n)] for rng in self._rng(examples)])
+        split = self._rng(examples).integers(1, n, size=(len(tokens), 1))
         pos = np.arange(n)[None, :]
         input_ids = np.where(pos < split, tokens, np.where(pos == split, self.eos_token_id, self.pad_token_id))
         rest = np.take_along_axis(tokens, np.minimum(pos + split, n - 1), axis=1)

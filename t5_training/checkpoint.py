@@ -181,11 +181,6 @@ def load_checkpoint(accelerator, path: str, state, scheduler=None) -> None:
                          "damaged: pass an earlier checkpoint, or 'auto' after deleting this one") from None
 
 
-def saved_process_count(path: str) -> int:
-    """How many processes wrote a checkpoint: accelerate saves one RNG file per process."""
-    return sum(bool(re.fullmatch(r"random_states_\d+\.pkl", name)) for name in os.listdir(path))
-
-
 def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None) -> None:
     """Deletes the oldest complete checkpoints so that `keep` remain (0 keeps all).
 
