@@ -33,12 +33,16 @@ def resolve_config_name(name: str) -> str:
     """A shipped model shape's JSON for a bare name ("t5-small"), else `name` unchanged.
 
     A path that exists wins, and so does a hub name that is not shipped: only names of files in
-    configs/ are resolved here.
+    configs/ are resolved here. "configs/t5-small.json", as README and the defaults write it, finds
+    the shipped file too when run outside a checkout.
     """
-    if os.path.exists(name) or os.sep in name:
+    if os.path.exists(name):
+        return name
+    folder, base = os.path.split(os.path.normpath(name))
+    if folder not in ("", "configs"):
         return name
     for folder in SHIPPED_CONFIG_DIRS:
-        path = os.path.join(folder, name if name.endswith(".json") else f"{name}.json")
+        path = os.path.join(folder, base if base.endswith(".json") else f"{base}.json")
         if os.path.isfile(path):
             return path
     return name

@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
+from rouge_score import rouge_scorer
 
 from t5_training import metrics
 
@@ -207,6 +208,8 @@ class Seq2SeqTest(absltest.TestCase):
         # ("the dog barked"), 3 of 6 tokens: rougeL would be 50. Bigrams: 4 of 5 shared.
         score = metrics.rouge(["the cat ran . the dog barked"], ["the dog barked . the cat ran"])
         self.assertAlmostEqual(score["rougeLsum"], 100.0, places=9)
+        whole = rouge_scorer.RougeScorer(["rougeL"]).score("the dog barked . the cat ran", "the cat ran . the dog barked")
+        self.assertAlmostEqual(whole["rougeL"].fmeasure, 0.5, places=9)  # the case tells rougeLsum from rougeL
         self.assertAlmostEqual(score["rouge1"], 100.0, places=9)
         self.assertAlmostEqual(score["rouge2"], 80.0, places=9)
 
