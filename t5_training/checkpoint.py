@@ -93,8 +93,7 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
     accelerator.wait_for_everyone()
     # Every process writes (its RNG state at least), so a failure is agreed on before anyone
     # goes on: one process raising alone would leave the others in the next collective.
-    agree_on_write(accelerator, _attempt(lambda: accelerator.save_state(tmp)), tmp, final,
-                   list_checkpoints(output_dir))
+    agree_on_write(accelerator, _attempt(lambda: accelerator.save_state(tmp)), tmp, final, output_dir)
     kill_point("save", state.step)
 
     def finish() -> None:
@@ -104,7 +103,7 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
         os.replace(tmp, final)
 
     failure = _attempt(finish) if accelerator.is_main_process else None
-    agree_on_write(accelerator, failure, tmp, final, list_checkpoints(output_dir))
+    agree_on_write(accelerator, failure, tmp, final, output_dir)
     return final
 
 
@@ -124,11 +123,12 @@ def _attempt(write) -> OSError | None:
     return None
 
 
-def agree_on_write(accelerator, failure: OSError | None, partial: str, target: str, intact: list[str]) -> None:
+def agree_on_write(accelerator, failure: OSError | None, partial: str, target: str, output_dir: str) -> None:
     """Raises WriteError on every process if `failure` happened on any, after removing `partial`.
 
     One all-reduce decides (a barrier when no process failed), so all processes stop together.
-    The message names the target, the free space left and the newest checkpoint in `intact`.
+    The message names the target, the free space left and the newest complete checkpoint in
+    `output_dir`, which is only looked up when a write failed.
     """
     failed = failure is not None
     if accelerator.num_processes > 1:
@@ -144,6 +144,7 @@ def agree_on_write(accelerator, failure: OSError | None, partial: str, target: s
     reason = (failure.strerror or type(failure).__name__) if failure is not None else "failed on another process"
     folder = os.path.dirname(os.path.abspath(target))
     free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+    intact = list_checkpoints(output_dir)
     kept = f"{intact[-1]} is intact" if intact else "no earlier checkpoint exists"
     raise WriteError(f"could not write {target} ({reason}; {free / 2**20:.1f} MiB free in {folder}); {kept}, and "
                      "nothing half-written was left: free space and rerun with --resume_from_checkpoint auto")
@@ -210,7 +211,7 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
         os.replace(tmp, path)
 
     failure = _attempt(write) if accelerator.is_main_process else None
-    agree_on_write(accelerator, failure, tmp, path, list_checkpoints(os.path.dirname(os.path.abspath(path))))
+    agree_on_write(accelerator, failure, tmp, path, os.path.dirname(os.path.abspath(path)))
 
 
 

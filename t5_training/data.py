@@ -19,6 +19,7 @@ import torch
 
 from constants import LocalFiles, PackageCorpus, TaskEntry
 from t5_training.errors import UsageError
+from t5_training.resume import batch_layout, global_batch
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
 from t5_training.table_files import read_table_file, scan_lines
 from t5_training.tasks import make_formatter, make_label_normalizer, required_columns
@@ -276,8 +277,8 @@ def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int
     if config.group_by_length:
         # Encoder inputs dominate the cost (and the padding) of a text-to-text batch.
         lengths = [len(ids) for ids in train["input_ids"]]
-        global_batch = config.per_device_train_batch_size * config.gradient_accumulation_steps * num_processes
-        sampler = LengthGroupedSampler(lengths, global_batch, config.seed)
+        # By global batch, so the order of rows does not depend on how a resumed run splits it.
+        sampler = LengthGroupedSampler(lengths, global_batch(batch_layout(config, num_processes)), config.seed)
     else:
         sampler = EpochShuffleSampler(len(train), config.seed)
     workers = loader_workers(config)

@@ -29,7 +29,7 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedType, Gradient
                              InitProcessGroupKwargs, TorchDynamoPlugin)
 from tqdm.auto import tqdm
 
-from t5_training import agreement, checkpoint, reporting
+from t5_training import agreement, checkpoint, reporting, resume
 from t5_training.config import TrainingConfig, config_for_trackers
 from t5_training.errors import DivergedError, Preempted, UsageError
 from t5_training.interrupts import PreemptionHandler, kill_point
@@ -50,7 +50,7 @@ class TrainState:
     # than batches, so that a run can resume with another per-device batch, accumulation or
     # number of processes (same global batch) and still see the same rows in the same order.
     samples_in_epoch: int = 0
-    # The per-device batch, accumulation and processes of the run that saved (batch_layout()).
+    # The per-device batch, accumulation and processes of the run that saved (resume.batch_layout).
     batch_layout: dict = field(default_factory=dict)
     samples_seen: int = 0
     tokens_seen: int = 0
@@ -68,57 +68,11 @@ class TrainState:
 
     def load_state_dict(self, values: dict) -> None:
         values = dict(values)
-        if "batches_in_epoch" in values:
-            # Written before positions were counted in rows: batches of the layout it was saved
-            # with, which it did not record. continue_with_layout converts it.
-            self.legacy_batches_in_epoch = values.pop("batches_in_epoch")
+        # Written before positions were counted in rows, in batches of a layout it did not
+        # record; resume.continue_with_layout converts it.
+        self.legacy_batches_in_epoch = values.pop("batches_in_epoch", None)
         for name, value in values.items():
             setattr(self, name, value)
-
-
-def batch_layout(config: TrainingConfig, accelerator: Accelerator) -> dict:
-    """How this run splits its global batch: per-device batch x accumulation x processes."""
-    return {"per_device": config.per_device_train_batch_size, "accumulation": config.gradient_accumulation_steps,
-            "processes": accelerator.num_processes}
-
-
-def _describe(layout: dict) -> str:
-    global_batch = layout["per_device"] * layout["accumulation"] * layout["processes"]
-    return (f"{global_batch} ({layout['per_device']} per device x {layout['accumulation']} accumulation x "
-            f"{layout['processes']} processes)")
-
-
-def continue_with_layout(accelerator: Accelerator, config: TrainingConfig, state: TrainState, path: str, *,
-                         streaming: bool = False) -> None:
-    """Lets a resumed run continue exactly under another split of the same global batch.
-
-    The checkpoint's data position is in rows, so the rows come in the same order whatever the
-    new per-device batch, accumulation and number of processes. A different global batch is
-    refused: the rows per optimizer step, the schedule's meaning of a step and the data
-    position would all change. accelerate restores its micro-batch counter as steps x the OLD
-    accumulation; it is reset here so that every window ends on a synchronising micro-batch.
-    """
-    now = batch_layout(config, accelerator)
-    saved = state.batch_layout or now
-    if hasattr(state, "legacy_batches_in_epoch"):
-        state.samples_in_epoch = state.legacy_batches_in_epoch * now["per_device"] * now["processes"]
-        del state.legacy_batches_in_epoch
-    product = lambda layout: layout["per_device"] * layout["accumulation"] * layout["processes"]  # noqa: E731
-    if product(saved) != product(now):
-        raise UsageError(f"checkpoint {path} was trained with a global batch of {_describe(saved)}, but this run has "
-                         f"{_describe(now)}; resume with the same global batch (any split of it), or start a new "
-                         "run from its weights with --model_name_or_path")
-    if streaming and saved["processes"] != now["processes"]:
-        raise UsageError(f"checkpoint {path} streamed its corpus over {saved['processes']} processes, this run has "
-                         f"{now['processes']}: each process reads its own share of a stream, so the position does not "
-                         f"carry over; resume with {saved['processes']} processes")
-    rows = now["per_device"] * now["processes"]
-    if state.samples_in_epoch % rows:
-        raise UsageError(f"checkpoint {path} stopped {state.samples_in_epoch} rows into epoch {state.epoch}, which is "
-                         f"not a whole number of this run's {now['per_device']} x {now['processes']}-row micro-batches; "
-                         f"resume with {_describe(saved)}")
-    accelerator.step = state.step * config.gradient_accumulation_steps
-    state.batch_layout = now
 
 
 @dataclass(frozen=True)
@@ -356,9 +310,9 @@ def train(
     model.train()
     bar = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
                desc="training", dynamic_ncols=True)
-    rows = config.per_device_train_batch_size * accelerator.num_processes
+    state.batch_layout = resume.batch_layout(config, accelerator.num_processes)
+    rows = resume.micro_batch_rows(state.batch_layout)
     batches = _micro_batches(accelerator, loader, state, rows)
-    state.batch_layout = batch_layout(config, accelerator)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     per_epoch = batches_per_epoch(loader)
     stop = voted_stop = False
@@ -499,13 +453,13 @@ def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
 
 def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, objective: Objective,
            per_epoch: int) -> dict:
-    # Micro-batches per process per epoch -> rows per epoch, the unit of the data position.
-    rows_per_epoch = per_epoch * config.per_device_train_batch_size * accelerator.num_processes
     """Writes train_results.json, eval_results.json and loss_curve.png; prints the metric table.
 
     Throughput counts time spent in optimizer steps only (not evaluation or saving), and
     tokens are non-padding input plus target tokens over all processes.
     """
+    # Micro-batches per process per epoch -> rows per epoch, the unit of the data position.
+    rows_per_epoch = per_epoch * resume.micro_batch_rows(resume.batch_layout(config, accelerator.num_processes))
     seconds = max(state.train_seconds, 1e-9)
     train_results = {
         "train_loss": sum(state.losses) / len(state.losses) if state.losses else float("nan"),
@@ -561,7 +515,7 @@ def fit(accelerator: Accelerator, config: TrainingConfig, model, tokenizer, trai
         # Each process reads its own RNG file: a damaged one fails on that process alone.
         agreement.on_every_process(accelerator, lambda: checkpoint.load_checkpoint(accelerator, resume_path, state,
                                                                                     scheduler))
-        continue_with_layout(accelerator, config, state, resume_path, streaming=not prepare_train_loader)
+        resume.continue_with_layout(accelerator, config, state, resume_path, streaming=not prepare_train_loader)
         accelerator.print(f"resumed from {resume_path} at step {state.step}")
     checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(resume_path))
     init_trackers(accelerator, config, project_name)

@@ -1,7 +1,7 @@
 """Resuming with another split of the same global batch: the same rows, the same losses, a step every step.
 
 A checkpoint records its data position in rows of the epoch and the batch layout it was saved
-with (t5_training.loop.continue_with_layout). These runs resume an uninterrupted run's step-2
+with (t5_training.resume.continue_with_layout). These runs resume an uninterrupted run's step-2
 checkpoint under another per-device batch, accumulation or number of processes, and compare
 every later step's loss with the uninterrupted run's, on the CPU, where both are deterministic.
 """
@@ -50,13 +50,7 @@ def _assert_continues_exactly(test: absltest.TestCase, full: str, resumed: str) 
         previous = weights
 
 
-class ResumeWithAnotherSplitTest(parameterized.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        self.dir = tmp.name
+class ResumeWithAnotherSplitTest(fixtures.TempDirTestCase):
 
     @parameterized.named_parameters(
         ("8x2_to_4x4", (8, 2), (4, 4), []),
