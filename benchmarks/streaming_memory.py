@@ -37,7 +37,8 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_SOURCE = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt"))
+DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+DEFAULT_SOURCE = os.path.join(DATA, "tinyshakespeare", "input.txt")
 MB = 1 << 20
 
 
