@@ -44,7 +44,8 @@ class PackageCorpus:
     """A labelled corpus shipped inside a Python package: one folder per label word, one file per text.
 
     Files are sorted by name within each label folder; every `validation_every`-th file goes to
-    the validation split, so the split is the same on every machine and needs no seed.
+    the validation split, so the split is the same on every machine and needs no seed. The
+    training rows are then shuffled with a fixed seed, so that their first N cover every label.
     """
 
     package: str

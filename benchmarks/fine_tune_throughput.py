@@ -1,10 +1,10 @@
 """Fine-tuning throughput on SST-2: this project's loop against HF's Seq2SeqTrainer, side by side.
 
-    python benchmarks/fine_tune_throughput.py              # t5-small shape, 30 steps of 32, ~12 min on 2 idle CPU cores
-    python benchmarks/fine_tune_throughput.py --threads 1  # the same on a machine other jobs keep busy
+    python benchmarks/fine_tune_throughput.py --threads 1   # the headline pair, t5-small, 3 x 2 runs of 200 steps, ~25 min
+    python benchmarks/fine_tune_throughput.py --threads 1 --sides all --repeats 1  # every side (pad-to-max is slow)
     python benchmarks/fine_tune_throughput.py --quick      # tiny model, 4 steps: checks that it runs, not its speed
 
-Four sides train the same model for the same number of optimizer steps:
+Five sides train the same model for the same number of optimizer steps:
 
   ours group_by_length   fine_tune_t5.main(...) with --group_by_length (dynamic padding, similar lengths batched)
   ours                   fine_tune_t5.main(...) without it (dynamic padding, plain shuffle)
@@ -13,6 +13,14 @@ Four sides train the same model for the same number of optimizer steps:
   hf dynamic padding     Seq2SeqTrainer + DataCollatorForSeq2Seq, as run_summarization.py sets them up
   hf pad to max length   Seq2SeqTrainer + default_data_collator over rows padded to the max lengths
                          (run_glue.py's default pad_to_max_length=True, max_seq_length=128)
+
+The headline is the first pair, each at its best. By default the run is exactly one epoch over
+the first steps x batch SST-2 rows, so every side trains on the same rows and the same
+non-padding tokens: over a slice of a larger epoch the samplers would draw different rows
+(HF's puts its longest batch first), and the faster side could simply be the one that drew
+shorter sentences. 200 steps of 32 are 6,400 rows, where both length-grouped samplers sort
+windows of 50 batches, as they do on all of SST-2 (HF's window is min(rows / (4 x batch), 50)
+batches, so on fewer rows it would pad more than ours for that reason alone).
 
 What is the same on every side: the initial weights (built once from --model_config with a fixed
 seed and saved, then loaded by every side with from_pretrained), the tokenizer, the token ids of
@@ -67,17 +75,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model_config", default=None, help="default: configs/t5-small.json (quick: t5-tiny.json)")
     parser.add_argument("--vocab_size", type=int, default=None,
                         help="SentencePiece vocabulary trained on SST-2 (default 8000; quick: 1000)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per side (default 30; quick: 4)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per side (default 200; quick: 4)")
     parser.add_argument("--batch_size", type=int, default=None, help="per-device train batch (default 32; quick: 8)")
     parser.add_argument("--train_rows", type=int, default=None,
-                        help="first N SST-2 training rows; 0: all 67,349 (default 0; quick: 48)")
+                        help="first N SST-2 training rows; 0: all 67,349 (default: steps x batch, one epoch, "
+                             "so every side trains on the same rows)")
     parser.add_argument("--max_source_length", type=int, default=128)
     parser.add_argument("--max_target_length", type=int, default=8)
     parser.add_argument("--learning_rate", type=float, default=3e-4)
-    parser.add_argument("--repeats", type=int, default=None, help="runs of each side (default 2; quick: 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each side (default 3; quick: 1)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
-                        help="which sides to run (default: all); e.g. the headline pair only")
+    parser.add_argument("--sides", nargs="+", choices=SIDES + ("all",), default=None,
+                        help="which sides to run, or all (default: the headline pair, ours and HF's best; quick: all)")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--work_dir", default=None, help="default: runs/fine_tune_throughput[_quick]")
     parser.add_argument("--output", default=None, help="results JSON (default: WORK_DIR/results.json)")
@@ -85,13 +94,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     defaults = {"model_config": os.path.join(REPO, "configs", "t5-tiny.json" if quick else "t5-small.json"),
-                "vocab_size": 1000 if quick else 8000, "steps": 4 if quick else 30, "batch_size": 8 if quick else 32,
-                "train_rows": 48 if quick else 0, "repeats": 1 if quick else 2, "threads": 1 if quick else 0,
+                "vocab_size": 1000 if quick else 8000, "steps": 4 if quick else 200, "batch_size": 8 if quick else 32,
+                "repeats": 1 if quick else 3, "threads": 1 if quick else 0,
                 "work_dir": os.path.join(REPO, "runs", "fine_tune_throughput" + ("_quick" if quick else ""))}
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.output = args.output or os.path.join(args.work_dir, "results.json")
+    if args.sides is None:
+        args.sides = ["all"] if quick else list(SIDES[:2])
+    if "all" in args.sides:
+        args.sides = list(SIDES)
+    if args.train_rows is None:
+        args.train_rows = args.steps * args.batch_size
     if args.train_rows and args.train_rows < args.steps * args.batch_size:
         # Otherwise an epoch would end inside the timed part, with a short batch on some sides.
         parser.error(f"--train_rows must be 0 or at least --steps x --batch_size ({args.steps * args.batch_size})")
@@ -225,7 +240,7 @@ def run_ours(job: dict) -> dict:
         "--logging_steps", str(job["steps"]), "--save_total_limit", "1", "--seed", str(job["seed"]),
         *(["--group_by_length"] if job["group_by_length"] else []),
     ])["train"]
-    return {"seconds": results["train_runtime"], "steps": results["train_steps"],
+    return {"seconds": results["train_runtime"], "steps": results["train_steps"], "tokens": results["train_tokens"],
             "samples_per_second": results["train_samples_per_second"],
             "tokens_per_second": results["train_tokens_per_second"], "train_loss": results["train_loss"]}
 
@@ -286,7 +301,7 @@ def run_hf(job: dict) -> dict:
     # accelerate's loader collates one batch ahead; the steps trained on the first `steps` batches.
     tokens = sum(batch_tokens[: timer.steps])
     assert timer.steps == job["steps"], f"trained {timer.steps} steps, not {job['steps']}"
-    return {"seconds": round(seconds, 3), "steps": timer.steps,
+    return {"seconds": round(seconds, 3), "steps": timer.steps, "tokens": tokens,
             "samples_per_second": round(timer.steps * job["batch_size"] / seconds, 3),
             "tokens_per_second": round(tokens / seconds, 3), "train_loss": output.training_loss,
             "trainer_reported_samples_per_second": output.metrics["train_samples_per_second"]}

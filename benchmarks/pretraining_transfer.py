@@ -1,126 +1,198 @@
-"""Does pretraining pay off? A tiny T5 pretrained on WikiText-2, then fine-tuned on SST-2, against the same model from random init.
+"""Does pretraining pay off? Pretrained against random init, paired by seed, over recipes and label counts.
 
-1. Train a SentencePiece tokenizer on WikiText-2 (T5 special ids, 100 sentinels).
-2. Pretrain configs/t5-tiny.json with span corruption on WikiText-2 (the corpus's last chunks
-   held out), printing the held-out loss as it falls.
-3. Fine-tune on the first --train_rows rows of SST-2, once from the pretrained weights and
-   once from random init: same tokenizer, shape, steps, dropout and seed, at each learning
-   rate of --learning_rates and each seed. Both are scored on the whole SST-2 dev set (872
-   sentences). Each model is reported at each rate and at its best rate (by mean accuracy
-   over the seeds), so neither is judged at a rate that suits only the other.
+    python benchmarks/pretraining_transfer.py                  # BBC topics, T5's recipe, 5 label counts x 5 seeds, ~40 min
+    python benchmarks/pretraining_transfer.py --task sst2 --labelled 500 2000
+    python benchmarks/pretraining_transfer.py --recipes t5_adafactor adamw_scale prefix_lm --labelled 100
 
-    python benchmarks/pretraining_transfer.py       # ~35 min pretraining + ~20 min fine-tuning, 2 CPU cores
+For each --recipe, one tiny T5 (configs/t5-tiny.json, 2.2M parameters) is pretrained on the
+task's own training texts with their labels unused: in-domain unlabelled text, the setting
+where a small pretraining budget has something to teach. Then, for every --labelled count and
+--seed, that many labelled training rows are drawn with the seed, and two models are fine-tuned
+on them with everything else equal (rows, steps, dropout, seed): the pretrained one and the
+same shape from random init. Both are scored on the task's whole held-out split.
 
-Pretraining resumes (`--resume_from_checkpoint auto`), and a fine-tuning run that finished
-is read back rather than repeated (runs are deterministic on CPU), so a second invocation
-with the same --output_dir and more --seeds only trains what is new. Prints a table and
-writes results.json.
+Tasks:
+  bbc_topic  the BBC News corpus the demo uses: 1,777 training articles, 448 held out, 5 topics
+  sst2       GLUE SST-2 from ../shared/data: 67,349 training sentences, the 872-sentence dev set
+
+Prints, per recipe and label count, each model's mean and per-seed metric and held-out loss, and
+the paired difference with its 95% Student t interval over the seeds; writes results.json and
+transfer.png (the metric against the number of labelled rows, both models, with the interval).
+A finished pretraining or fine-tuning run is read back, not repeated (runs are deterministic on
+CPU), so a rerun with more seeds or label counts trains only what is missing.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import fine_tune_t5  # noqa: E402  (the repository root must be on the path first)
-import pre_train_t5  # noqa: E402
-from t5_training import reporting  # noqa: E402
-from t5_training.tokenizer import train_tokenizer  # noqa: E402
+import demo  # noqa: E402  (the repository root must be on the path first)
+from t5_training import data, reporting  # noqa: E402
+from t5_training.tasks import get_entry  # noqa: E402
 
 DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
-WIKITEXT = [os.path.join(DATA, "wikitext-2", "tokenized", name) for name in ("valid.txt", "test.txt")]
 TINY = os.path.join(REPO, "configs", "t5-tiny.json")
 
+# Pretraining flags on top of demo.pretrain's (T5's recipe: Adafactor at 1e-2, no dropout).
+RECIPES = {
+    "t5_adafactor": [],
+    # nanoT5's recipe scaled down: AdamW with RMS-scaled steps, cosine decay.
+    "adamw_scale": ["--optim", "adamw_scale", "--lr_scheduler_type", "cosine", "--warmup_steps", "50"],
+    # The demo's recipe before T5's Adafactor was fixed: plain AdamW, linear decay.
+    "adamw_2e-3": ["--optim", "adamw_torch", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
+                   "--warmup_steps", "50"],
+    "prefix_lm": ["--objective", "prefix_lm"],
+}
+TASKS = {
+    # entry, where its rows come from, the text column, the source length that keeps most rows whole
+    "bbc_topic": {"entry": ("embedded", "bbc_news"), "data_dir": None, "column": "text", "source_length": 128,
+                  "vocab_size": 4000},
+    "sst2": {"entry": ("glue", "sst2"), "data_dir": os.path.join(DATA, "SST-2"), "column": "sentence",
+             "source_length": 64, "vocab_size": 8000},
+}
 
-def main() -> None:
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output_dir", default="runs/pretraining_transfer")
-    parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--pretrain_steps", type=int, default=4000)
-    parser.add_argument("--train_rows", type=int, default=500, help="SST-2 training rows used to fine-tune")
-    parser.add_argument("--fine_tune_steps", type=int, default=300)
-    parser.add_argument("--learning_rates", type=float, nargs="+", default=[3e-4, 1e-3])
+    parser.add_argument("--task", choices=sorted(TASKS), default="bbc_topic")
+    parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=["t5_adafactor"])
+    parser.add_argument("--pretrain_steps", type=int, default=1200, help="of 32 x 128 tokens")
+    parser.add_argument("--labelled", type=int, nargs="+", default=[50, 100, 200, 500, 1777],
+                        help="labelled training rows to fine-tune on (a count above the split's size is refused)")
+    parser.add_argument("--fine_tune_steps", type=int, default=300, help="of 16 rows, whatever the label count")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    args = parser.parse_args()
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="fine-tuning, AdamW, linear decay")
+    parser.add_argument("--output_dir", default=None, help="default: runs/pretraining_transfer/TASK")
+    args = parser.parse_args(argv)
+    args.output_dir = args.output_dir or os.path.join(REPO, "runs", "pretraining_transfer", args.task)
+    return args
 
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     started = time.perf_counter()
-    tokenizer = os.path.join(args.output_dir, "tokenizer")
-    if not os.path.isfile(os.path.join(tokenizer, "tokenizer.json")):
-        lines = [line for path in WIKITEXT for line in open(path, encoding="utf-8") if line.strip()]
-        train_tokenizer(lines, tokenizer, vocab_size=args.vocab_size)
+    task = TASKS[args.task]
+    entry = get_entry(*task["entry"])
+    metric = entry.metric_to_optimize
+    splits = data.load_splits(entry, data_dir=task["data_dir"])
+    too_many = [n for n in args.labelled if n > len(splits["train"])]
+    if too_many:
+        raise SystemExit(f"--labelled {too_many[0]} is more than the {len(splits['train'])} training rows; ask for fewer")
+    out = args.output_dir
+    tokenizer = demo.make_tokenizer(os.path.join(out, "tokenizer"), splits["train"][task["column"]], entry.label_words,
+                                    task["vocab_size"])
+    corpus = demo.write_corpus(os.path.join(out, "corpus"), splits, task["column"])
 
-    pretrain_dir = os.path.join(args.output_dir, "pretrain")
-    pre_train_t5.main([
-        "--config_name", TINY, "--tokenizer_name", tokenizer, "--train_file", *WIKITEXT,
-        "--output_dir", pretrain_dir, "--resume_from_checkpoint", "auto", "--max_seq_length", "128",
-        "--per_device_train_batch_size", "32", "--max_steps", str(args.pretrain_steps),
-        # nanoT5's recipe scaled down: AdamW with RMS-scaled steps, cosine decay.
-        "--optim", "adamw_scale", "--learning_rate", "1e-2", "--lr_scheduler_type", "cosine",
-        "--warmup_steps", str(max(1, args.pretrain_steps // 20)), "--eval_steps", str(max(1, args.pretrain_steps // 4)),
-        "--save_steps", str(max(1, args.pretrain_steps // 4)), "--logging_steps", "100", "--max_eval_samples", "128",
-    ])
-    evals = pretrained_evals(pretrain_dir)
-
-    models = {"pretrained": ["--model_name_or_path", os.path.join(pretrain_dir, "final")],
-              "random init": ["--config_name", TINY]}
-    results = {"pretraining": evals, "fine_tuning": []}
-    for lr in args.learning_rates:
-        for seed in args.seeds:
-            for name, model in models.items():
-                out = os.path.join(args.output_dir, f"sst2_{name.replace(' ', '_')}_lr{lr:g}_seed{seed}")
-                tuned = finished(out) or fine_tune_t5.main([
-                    "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", os.path.join(DATA, "SST-2"),
-                    "--tokenizer_name", tokenizer, *model, "--output_dir", out, "--overwrite_output_dir",
-                    "--max_train_samples", str(args.train_rows), "--max_eval_samples", "0",
-                    "--max_source_length", "64", "--max_target_length", "8", "--per_device_train_batch_size", "32",
-                    "--per_device_eval_batch_size", "128", "--learning_rate", str(lr),
-                    "--max_steps", str(args.fine_tune_steps), "--warmup_steps", str(args.fine_tune_steps // 10),
-                    "--dropout_rate", "0.1", "--logging_steps", "50", "--seed", str(seed),
-                ])
-                results["fine_tuning"].append({"model": name, "learning_rate": lr, "seed": seed,
-                                               "accuracy": tuned["eval"]["accuracy"], "dev_loss": tuned["eval"]["loss"]})
-    rows = [summarize(results["fine_tuning"], name, lr) for lr in args.learning_rates for name in models]
-    best = [max((row for row in rows if row["model"] == name), key=lambda row: row["accuracy (mean)"])
-            for name in models]
-    results["table"], results["best"] = rows, best
-    reporting.write_json(os.path.join(args.output_dir, "results.json"), results)
-    print(f"\npretraining: {args.pretrain_steps} steps of 32 x 141 tokens on WikiText-2; held-out loss "
-          + " -> ".join(f"{e['loss']:.3f}" for e in evals) + f" (steps {', '.join(str(e['step']) for e in evals)})")
-    print(f"fine-tuning: {args.fine_tune_steps} steps of 32 on the first {args.train_rows} SST-2 rows, "
-          f"seeds {args.seeds}; SST-2 dev accuracy and loss\n")
-    print(reporting.format_table(rows))
-    print("\nat each model's best learning rate:")
-    print(reporting.format_table(best))
-    print(f"\ntook {time.perf_counter() - started:.0f} s")
+    results = {"settings": vars(args), "recipes": {}}
+    for recipe in args.recipes:
+        pretrained = pretrain_once(os.path.join(out, f"pretrain-{recipe}-{args.pretrain_steps}"), tokenizer, corpus,
+                                   args.pretrain_steps, RECIPES[recipe])
+        rows = []
+        for n in args.labelled:
+            runs = {}
+            for seed in args.seeds:
+                labelled = demo.write_labelled_rows(splits["train"], n, seed,
+                                                    os.path.join(out, "labelled", f"{n}-seed{seed}.jsonl"))
+                runs[seed] = demo.fine_tune_pair(
+                    ["--benchmark", task["entry"][0], "--dataset_name", task["entry"][1], "--tokenizer_name", tokenizer,
+                     "--train_file", labelled, "--validation_file", corpus["validation_rows"],
+                     "--max_source_length", str(task["source_length"]), "--max_target_length", "8",
+                     "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64",
+                     "--learning_rate", str(args.learning_rate), "--max_steps", str(args.fine_tune_steps),
+                     "--warmup_steps", str(args.fine_tune_steps // 10), "--logging_steps", "50",
+                     "--dropout_rate", "0.1", "--save_total_limit", "1"],
+                    os.path.join(pretrained["dir"], "final"), TINY, seed,
+                    os.path.join(out, f"fine_tune-{recipe}-{args.pretrain_steps}", f"labelled{n}"), reuse=True)
+            rows.append(row_of(n, runs, metric))
+        results["recipes"][recipe] = {"pretraining": {"eval": pretrained["eval"], "train": pretrained["train"]},
+                                      "rows": rows}
+        print_recipe(args, recipe, pretrained, rows, metric, len(splits["train"]))
+    png = os.path.join(out, "transfer.png")
+    save_plot(png, results["recipes"], metric, args.task)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    reporting.write_json(os.path.join(out, "results.json"), results)
+    print(f"\nwrote {os.path.join(out, 'results.json')} and {png} ({results['seconds']:.0f} s)")
+    return results
 
 
-def finished(run_dir: str) -> dict | None:
-    """The results of a fine-tuning run that already finished in `run_dir`, if there is one."""
-    path = os.path.join(run_dir, "eval_results.json")
-    if not os.path.isfile(os.path.join(run_dir, "final", "model.safetensors")) or not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return {"eval": json.load(f)}
+def pretrain_once(run_dir: str, tokenizer: str, corpus: dict, steps: int, flags: list[str]) -> dict:
+    """demo.pretrain, unless a finished run of the same recipe and steps is already there."""
+    done = demo.finished(run_dir)
+    return {**done, "dir": run_dir} if done else demo.pretrain(run_dir, tokenizer, corpus, steps, *flags)
 
 
-def summarize(runs: list[dict], name: str, lr: float) -> dict:
-    mine = [r for r in runs if r["model"] == name and r["learning_rate"] == lr]
-    return {"model": name, "learning rate": lr,
-            "accuracy (mean)": round(statistics.mean(r["accuracy"] for r in mine), 2),
-            "per seed": " ".join(f"{r['accuracy']:.2f}" for r in mine),
-            "dev loss (mean)": round(statistics.mean(r["dev_loss"] for r in mine), 4)}
+def row_of(labelled: int, runs: dict, metric: str) -> dict:
+    """One label count's figures: both models per seed, their means, held-out losses, the paired difference."""
+    summary = demo.summarize(runs, metric)
+    by_model = {row["model"]: row for row in summary["table"]}
+    seeds = list(runs)
+    difference = summary["difference"]
+    return {"labelled": labelled, "seeds": seeds,
+            **{f"{init} {metric}": [runs[s][init]["eval"][metric] for s in seeds] for init in demo.INITS},
+            **{f"{init} loss": [runs[s][init]["eval"]["loss"] for s in seeds] for init in demo.INITS},
+            "pretrained mean": by_model["pretrained"]["mean"], "random init mean": by_model["random init"]["mean"],
+            "difference": difference}
 
 
-def pretrained_evals(run_dir: str) -> list[dict]:
-    newest = sorted(name for name in os.listdir(run_dir) if name.startswith("step-"))[-1]
-    with open(os.path.join(run_dir, newest, "train_state.json"), encoding="utf-8") as f:
-        return json.load(f)["evals"]
+def print_recipe(args, recipe: str, pretrained: dict, rows: list[dict], metric: str, train_rows: int) -> None:
+    evaluation, training = pretrained["eval"], pretrained["train"]
+    print(f"\n{args.task}, recipe {recipe}: pretrained {args.pretrain_steps} steps on the {train_rows:,} training "
+          f"texts (labels unused), {training['train_tokens']:,} tokens seen, {training['train_runtime']:.0f} s; "
+          f"held-out loss {evaluation['loss']:.3f}, span token accuracy {evaluation['accuracy']:.1f}%")
+    print(f"fine-tuned {args.fine_tune_steps} steps of 16 at {args.learning_rate:g}, seeds {args.seeds}; "
+          f"held-out {metric} and loss\n")
+    table = []
+    for row in rows:
+        d = row["difference"]
+        table.append({
+            "labelled": row["labelled"], "pretrained": row["pretrained mean"], "random init": row["random init mean"],
+            "difference": round(d["mean"], 2),
+            "95% interval": f"{d['low']:+.2f} to {d['high']:+.2f}" if d["pairs"] > 1 else "-",
+            "wins": f"{d['wins']}/{d['pairs']}",
+            "loss pretrained / random": f"{mean(row['pretrained loss']):.3f} / {mean(row['random init loss']):.3f}",
+            "per seed (pretrained | random)": " ".join(f"{v:.1f}" for v in row[f"pretrained {metric}"]) + " | "
+                                              + " ".join(f"{v:.1f}" for v in row[f"random init {metric}"]),
+        })
+    print(reporting.format_table(table))
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def save_plot(path: str, recipes: dict, metric: str, task: str) -> None:
+    """The held-out metric against the number of labelled rows: each recipe's pretrained model
+    and random init (the same for every recipe, drawn once), with the paired interval as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (recipe, result) in enumerate(recipes.items()):
+        rows = result["rows"]
+        counts = [row["labelled"] for row in rows]
+        pretrained = [row["pretrained mean"] for row in rows]
+        # The interval is of the difference; drawn on the pretrained mean it shows how sure the gap is.
+        low = [row["pretrained mean"] - row["random init mean"] - row["difference"]["low"] for row in rows]
+        high = [row["difference"]["high"] - (row["pretrained mean"] - row["random init mean"]) for row in rows]
+        bars = None if any(v != v for v in low + high) else [low, high]  # NaN with one seed
+        ax.errorbar(counts, pretrained, yerr=bars, marker="o", capsize=3, label=f"pretrained ({recipe})")
+        if i == 0:
+            ax.plot(counts, [row["random init mean"] for row in rows], marker="s", color="gray", label="random init")
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled training rows")
+    ax.set_ylabel(f"held-out {metric}")
+    ax.set_title(f"{task}: pretrained vs random init (bars: 95% interval of the paired difference)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,10 @@ def _read_package_corpus(entry: TaskEntry, corpus: PackageCorpus) -> dict[str, d
             with open(os.path.join(root, label, name), encoding="utf-8", errors="replace") as f:
                 rows[split]["text"].append(" ".join(f.read().split()))
             rows[split][entry.target].append(label)
-    return {split: datasets.Dataset.from_dict(columns) for split, columns in rows.items()}
+    # Files come topic by topic: shuffle the training rows once, with a fixed seed, so that the
+    # first N (--max_train_samples) are a sample of every topic and the same on every machine.
+    train = datasets.Dataset.from_dict(rows[entry.train_split]).shuffle(seed=0).flatten_indices()
+    return {entry.train_split: train, entry.eval_splits[0]: datasets.Dataset.from_dict(rows[entry.eval_splits[0]])}
 
 
 def _load_hub_split(entry: TaskEntry, split: str, trust_remote_code: bool) -> datasets.Dataset:

@@ -467,6 +467,9 @@ def finish(accelerator: Accelerator, config: TrainingConfig, state: TrainState, 
         "train_samples_per_second": round(state.samples_seen / seconds, 3),
         "train_tokens_per_second": round(state.tokens_seen / seconds, 3),
         "train_steps": state.step,
+        # Non-padding input + target tokens: how much text the model has seen (over all processes).
+        "train_tokens": state.tokens_seen,
+        "train_samples": state.samples_seen,
         "epoch": round(state.epoch + state.samples_in_epoch / rows_per_epoch, 4) if rows_per_epoch else None,
     }
     last_eval = {k: v for k, v in (state.evals[-1] if state.evals else {}).items() if k != "step"}

@@ -62,3 +62,24 @@ def save_loss_curves(path: str, panels: Mapping[str, Mapping[str, Sequence[float
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def paired_interval(treated: Sequence[float], control: Sequence[float], confidence: float = 0.95) -> dict:
+    """Mean of the paired differences treated - control and its two-sided Student t interval.
+
+    Pairs share everything but the treatment (the same seed, rows and steps), so the
+    seed-to-seed spread that both sides share cancels out of the differences. With one pair
+    the interval is unbounded (NaN).
+    """
+    import scipy.stats
+
+    if len(treated) != len(control) or not treated:
+        raise ValueError(f"need the same number of paired values, got {len(treated)} and {len(control)}")
+    diffs = [t - c for t, c in zip(treated, control)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return {"mean": mean, "low": float("nan"), "high": float("nan"), "pairs": n, "wins": int(mean > 0)}
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+    half = float(scipy.stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / n ** 0.5
+    return {"mean": mean, "low": mean - half, "high": mean + half, "pairs": n, "wins": sum(d > 0 for d in diffs)}

@@ -97,6 +97,11 @@ class BenchmarksTest(fixtures.TempDirTestCase):
                                    delta=0.02 * run["samples_per_second"], msg=run["side"])
             self.assertGreater(run["tokens_per_second"], 0, run["side"])
             self.assertTrue(0 < run["train_loss"] < 20, run["train_loss"])
+        # One epoch over the same rows on every side: the same non-padding tokens, whatever the
+        # sampler or the padding, so that no side is timed on shorter sentences.
+        self.assertEqual(results["settings"]["train_rows"], 4 * 8)
+        self.assertEqual({run["tokens"] for run in results["runs"]}, {results["runs"][0]["tokens"]})
+        self.assertGreater(results["runs"][0]["tokens"], 4 * 8 * 3)
         self.assertCountEqual(results["ratios"], ["ours group_by_length / hf group_by_length",
                                                   "ours group_by_length / hf dynamic padding",
                                                   "ours group_by_length / hf pad to max length",
@@ -138,3 +143,36 @@ class BenchmarksTest(fixtures.TempDirTestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class PretrainingTransferTest(fixtures.TempDirTestCase):
+    """benchmarks/pretraining_transfer.py at a toy size: paired runs, the interval, reuse of finished runs."""
+
+    def test_pairs_are_scored_summarized_and_reused(self):
+        sys.path.insert(0, BENCHMARKS)
+        self.addCleanup(sys.path.remove, BENCHMARKS)
+        import pretraining_transfer
+
+        out = os.path.join(self.dir, "study")
+        flags = ["--output_dir", out, "--pretrain_steps", "3", "--fine_tune_steps", "2", "--labelled", "10", "20"]
+        first = pretraining_transfer.main(flags + ["--seeds", "0", "1"])
+        rows = first["recipes"]["t5_adafactor"]["rows"]
+        self.assertEqual([row["labelled"] for row in rows], [10, 20])
+        for row in rows:
+            differences = [p - r for p, r in zip(row["pretrained accuracy"], row["random init accuracy"])]
+            self.assertAlmostEqual(row["difference"]["mean"], sum(differences) / 2)
+            self.assertLessEqual(row["difference"]["low"], row["difference"]["mean"])
+            self.assertEqual(row["difference"]["pairs"], 2)
+        self.assertEqual(first["recipes"]["t5_adafactor"]["pretraining"]["train"]["train_steps"], 3)
+        self.assertTrue(os.path.isfile(os.path.join(out, "transfer.png")))
+
+        # A third seed: the runs that finished are read back unchanged, only the new pairs train.
+        model = os.path.join(out, "fine_tune-t5_adafactor-3", "labelled10", "pretrained-seed0", "final",
+                             "model.safetensors")
+        before = os.stat(model).st_mtime_ns
+        second = pretraining_transfer.main(flags + ["--seeds", "0", "1", "2"])
+        self.assertEqual(os.stat(model).st_mtime_ns, before)
+        again = second["recipes"]["t5_adafactor"]["rows"][0]
+        self.assertEqual(again["pretrained accuracy"][:2], rows[0]["pretrained accuracy"])
+        self.assertLen(again["pretrained accuracy"], 3)
+        self.assertTrue(os.path.isdir(os.path.join(out, "fine_tune-t5_adafactor-3", "labelled20", "random_init-seed2")))
