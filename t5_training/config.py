@@ -210,7 +210,8 @@ def config_for_trackers(config, environ=None) -> dict:
 
     def clean(name: str, value):
         if isinstance(value, (list, tuple)):
-            return [clean(name, item) for item in value]
+            # Trackers take scalars (tensorboard's hparams refuses a list): `--train_file a b` is sent as "a, b".
+            return ", ".join(str(clean(name, item)) for item in value)
         if _SECRET_NAME.search(name) and value not in (None, "", False):
             return REDACTED
         if isinstance(value, str) and any(secret in value for secret in secrets):

@@ -37,6 +37,8 @@ def format_table(rows: Sequence[Mapping[str, object]]) -> str:
 
 
 def _cell(value) -> str:
+    if value is None:  # a column this row has no value for
+        return ""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

@@ -82,23 +82,12 @@ class Seq2SeqTaskTest(absltest.TestCase):
 class TrackerKeysTest(absltest.TestCase):
     def test_logged_keys_include_the_metric_to_optimize(self):
         # A sweep's objective must be a key the run really logs (it was not, in the ancestor).
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
         with tempfile.TemporaryDirectory() as out:
             fine_tune_t5.main(fixtures.fine_tune_args(out, "--max_steps", "4", "--eval_steps", "2",
                                                       "--report_to", "tensorboard"))
-            events = [os.path.join(root, name) for root, _, names in os.walk(out) for name in names
-                      if name.startswith("events.out.tfevents")]
-            self.assertNotEmpty(events)
-            keys, eval_steps = set(), []
-            for path in events:
-                accumulator = EventAccumulator(path)
-                accumulator.Reload()
-                keys |= set(accumulator.Tags()["scalars"])
-                if "eval/accuracy" in accumulator.Tags()["scalars"]:
-                    eval_steps += [e.step for e in accumulator.Scalars("eval/accuracy")]
-            self.assertContainsSubset({"train/loss", "train/lr", "eval/accuracy", "eval/loss"}, keys)
-            self.assertEqual(sorted(eval_steps), [2, 4])
+            scalars = fixtures.tensorboard_scalars(out)
+            self.assertContainsSubset({"train/loss", "train/lr", "eval/accuracy", "eval/loss"}, scalars)
+            self.assertEqual([step for step, _ in scalars["eval/accuracy"]], [2, 4])
 
 
 class TwoProcessTest(absltest.TestCase):

@@ -74,3 +74,18 @@ class TempDirTestCase(parameterized.TestCase):
         patcher = mock.patch.object(datasets.config, "HF_DATASETS_CACHE", os.path.join(self.dir, "hf_cache"))
         patcher.start()
         self.addCleanup(patcher.stop)
+
+
+def tensorboard_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar a run logged with --report_to tensorboard: {key: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for root, _, names in os.walk(run_dir):
+        for name in names:
+            if name.startswith("events.out.tfevents"):
+                accumulator = EventAccumulator(os.path.join(root, name))
+                accumulator.Reload()
+                for key in accumulator.Tags()["scalars"]:
+                    scalars.setdefault(key, []).extend((e.step, e.value) for e in accumulator.Scalars(key))
+    return {key: sorted(values) for key, values in scalars.items()}

@@ -62,6 +62,22 @@ class PretrainThenFineTuneTest(absltest.TestCase):
             self.assertLess(tuned["train"]["train_loss"], 20)
 
 
+class TrackerTest(absltest.TestCase):
+    def test_each_evaluation_logs_held_out_loss_and_span_accuracy(self):
+        with tempfile.TemporaryDirectory() as out:
+            result = pre_train_t5.main(pretrain_args(out, "--max_steps", "4", "--eval_steps", "2", "--save_steps", "4",
+                                                     "--report_to", "tensorboard"))
+            with open(os.path.join(out, "step-000004", "train_state.json")) as f:
+                evals = json.load(f)["evals"]
+            scalars = fixtures.tensorboard_scalars(out)
+            for key in ("loss", "accuracy"):
+                logged = scalars[f"eval/{key}"]
+                self.assertEqual([step for step, _ in logged], [2, 4])
+                for (_, value), saved in zip(logged, evals):
+                    self.assertAlmostEqual(value, saved[key], places=4)  # tensorboard stores float32
+            self.assertEqual(result["train"]["train_tokens"], 4 * 32 * (128 + 29))  # inputs + targets, no padding
+
+
 class ObjectivesTest(parameterized.TestCase):
     @parameterized.named_parameters(("span_corruption", "span_corruption"), ("prefix_lm", "prefix_lm"))
     def test_runs_and_exports_a_model_fine_tuning_loads(self, objective):

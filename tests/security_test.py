@@ -94,6 +94,17 @@ class TrackerSecretsTest(absltest.TestCase):
         self.assertEqual(logged["learning_rate"], config.learning_rate)
         self.assertNotIn("0123456789abcdef", repr(logged))
 
+    def test_list_flags_are_sent_as_one_string_with_secrets_redacted(self):
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class WithFiles(TrainingConfig):
+            train_file: list[str] | None = None
+
+        config = WithFiles(train_file=["a.txt", "b-0123456789abcdef.txt"])
+        logged = config_for_trackers(config, environ={"WANDB_API_KEY": "0123456789abcdef"})
+        self.assertEqual(logged["train_file"], f"a.txt, {REDACTED}")
+
     def test_trackers_get_the_redacted_config(self):
         accelerator = mock.Mock()
         config = TrainingConfig(report_to="tensorboard", run_name="x")
