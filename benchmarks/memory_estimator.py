@@ -11,7 +11,7 @@ Each configuration runs in a fresh Python process, so that no run inherits anoth
    read the resident set size;
 3. build the model (`AutoModelForSeq2SeqLM.from_config`) and the optimizer as
    `t5_training.optim.build_optimizer` does, then run `--steps` full steps on one synthetic batch:
-   forward under the run's precision, the fp32 cross entropy of `loop.token_cross_entropy_sum`,
+   forward under the run's precision, the fp32 cross entropy of `losses.token_cross_entropy_sum`,
    backward, gradient clipping, optimizer.step(), zero_grad(set_to_none=True);
 4. measured = the highest peak RSS of a step (VmHWM, read and reset after each step: exact, the
    kernel tracks it, so no sampling can miss a spike) minus the baseline. The JSON keeps each
@@ -129,7 +129,7 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from t5_training import loop, memory, optim
+    from t5_training import losses, memory, optim
     from t5_training.config import TrainingConfig
 
     batch = _batch(job, model_config.vocab_size, device)
@@ -147,7 +147,7 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
         with torch.autocast(device, dtype=dtype, enabled=dtype is not None):  # what accelerate wraps
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            decoder_input_ids=batch["decoder_input_ids"]).logits
-        loss = loop.token_cross_entropy_sum(logits, batch["labels"])
+        loss = losses.token_cross_entropy_sum(logits, batch["labels"])
         del logits
         (loss / batch["labels"].numel()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

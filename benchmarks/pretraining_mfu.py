@@ -9,7 +9,7 @@ with random token ids: FLOPs and time do not depend on which ids they are. Lengt
 span corruption at --input_length 512: chunks of 568 raw tokens become 512 encoder inputs and 114
 targets (data_collator_t5.compute_input_and_target_lengths), with no padding.
 
-One training step is what pre_train_t5.py runs: t5_training.loop._train_step (forward_loss_sum,
+One training step is what pre_train_t5.py runs: t5_training.step.train_step (forward_loss_sum,
 backward, gradient clipping, the project's AdamW step, t5_training.optim.build_optimizer with
 --optim adamw_torch) under the project's Accelerator (loop.build_accelerator: fp32 on a CPU,
 bf16 autocast on a GPU that has it).
@@ -71,7 +71,9 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 from data_collator_t5 import compute_input_and_target_lengths  # noqa: E402
 from t5_training import loop, reporting  # noqa: E402
 from t5_training.config import TrainingConfig  # noqa: E402
+from t5_training.losses import forward_loss_sum  # noqa: E402
 from t5_training.optim import build_optimizer  # noqa: E402
+from t5_training.step import train_step, window_counts  # noqa: E402
 
 GOAL = 0.5
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_scaled_dot_product")
@@ -140,10 +142,10 @@ def counted_flops(model, batch: dict) -> tuple[int, int]:
                aten._scaled_dot_product_flash_attention_for_cpu_backward:
                lambda g, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(g, q, k, v)}
     with flop_counter.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        loss = loop.forward_loss_sum(model, batch)
+        loss = forward_loss_sum(model, batch)
     forward = counter.get_total_flops()
     with flop_counter.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        loop.forward_loss_sum(model, batch).backward()
+        forward_loss_sum(model, batch).backward()
     model.zero_grad(set_to_none=True)
     del loss
     return forward, counter.get_total_flops()
@@ -203,11 +205,11 @@ def time_steps(accelerator, model, optimizer, batch: dict, warmup: int, steps: i
     for step in range(warmup + steps):
         losses = []
 
-        def train_step():
-            counts = loop._window_counts(accelerator, window, False)
-            losses.append(loop._train_step(accelerator, model, optimizer, window, counts, 1.0, step + 1))
+        def one_step():
+            counts = window_counts(accelerator, window, False)
+            losses.append(train_step(accelerator, model, optimizer, window, counts, 1.0, step + 1))
 
-        wall, busy = timed(train_step, accelerator.device)
+        wall, busy = timed(one_step, accelerator.device)
         if step >= warmup:
             walls.append(wall)
             busys.append(busy)

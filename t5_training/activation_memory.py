@@ -166,7 +166,7 @@ class Tape:
 def trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, bool], device: str, precision: str,
            pure16: bool, checkpointing: bool, padding: bool) -> tuple[Tape, list[str]]:
     """One training forward of T5ForConditionalGeneration plus the project's fp32 cross entropy
-    (`loop.token_cross_entropy_sum`), stage by stage in the order backward undoes them."""
+    (`losses.token_cross_entropy_sum`), stage by stage in the order backward undoes them."""
     tape = Tape(device=device, precision=precision, pure16=pure16, dropout=cfg.dropout_rate,
                  checkpointing=checkpointing)
     d, inner, d_ff, heads, vocab = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff, cfg.num_heads, cfg.vocab_size
@@ -259,7 +259,7 @@ def trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, boo
     if getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings):
         y = tape.new(y.numel, y.itemsize, y.rg)  # * d_model**-0.5 (a scalar: nothing saved)
     logits = tape.linear(y, d, vocab, trainable["embeddings"])
-    logits32 = tape.cast(logits, 4)  # loop.token_cross_entropy_sum computes the loss in fp32
+    logits32 = tape.cast(logits, 4)  # losses.token_cross_entropy_sum computes the loss in fp32
     if logits32 is not logits:
         tape.node([], [logits32, logits])
     log_probs = tape.new(logits.numel, 4, logits.rg)

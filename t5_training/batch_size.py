@@ -10,7 +10,7 @@ from accelerate.utils import DistributedType, find_executable_batch_size
 
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
-from t5_training.loop import forward_loss_sum
+from t5_training.losses import forward_loss_sum
 
 C = TypeVar("C", bound=TrainingConfig)
 

@@ -18,6 +18,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from t5_training.data import shift_right
 from t5_training.errors import UsageError
+from t5_training.losses import row_cross_entropy
 from t5_training.tasks import make_scorer, metric_key, target_text
 
 
@@ -32,7 +33,7 @@ def teacher_forced_row_stats(model, batch: dict) -> tuple[torch.Tensor, torch.Te
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    decoder_input_ids=batch["decoder_input_ids"]).logits
     labels = batch["labels"]
-    loss, tokens = _row_loss(logits, labels)
+    loss, tokens = row_cross_entropy(logits, labels)
     correct = ((logits.argmax(dim=-1) == labels) & (labels != -100)).sum(dim=1)
     return loss, tokens, correct
 
@@ -134,7 +135,7 @@ class GreedyDecoder:
         if target is None:
             row_loss, row_tokens = self._teacher_forced(unwrapped, encoded, mask, batch)
         else:
-            candidate_loss, candidate_tokens = _row_loss(logits, labels)
+            candidate_loss, candidate_tokens = row_cross_entropy(logits, labels)
             pick = torch.arange(rows, device=mask.device) * k + target
             row_loss, row_tokens = candidate_loss[pick], candidate_tokens[pick]
         unmatched = ~follows.any(dim=1)
@@ -158,7 +159,7 @@ class GreedyDecoder:
     def _teacher_forced(self, unwrapped, encoded, mask, batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = unwrapped(encoder_outputs=(encoded,), attention_mask=mask,
                            decoder_input_ids=batch["decoder_input_ids"]).logits
-        return _row_loss(logits, batch["labels"])
+        return row_cross_entropy(logits, batch["labels"])
 
     def _target_candidate(self, labels: torch.Tensor) -> torch.Tensor | None:
         """Per row, the index of the candidate equal to its labels; None unless every row has one."""
@@ -201,11 +202,6 @@ def candidate_blocks_mask(model, blocks: int, width: int):
                              device=decoder.get_input_embeddings().weight.device)
     return create_causal_mask(config=decoder.config, inputs_embeds=shape_only, attention_mask=None,
                               past_key_values=None, and_mask_function=same_block)
-
-
-def _row_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none").sum(dim=1)
-    return loss, (labels != -100).sum(dim=1)
 
 
 def decode_split(accelerator, model, loader, tokenizer, num_rows: int, decoder: GreedyDecoder) -> SplitPredictions:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin,
                              InitProcessGroupKwargs, TorchDynamoPlugin)
@@ -35,6 +34,7 @@ from t5_training.errors import DivergedError, Preempted, UsageError
 from t5_training.interrupts import PreemptionHandler, kill_point
 from t5_training.modeling import model_summary
 from t5_training.optim import build_optimizer, build_scheduler
+from t5_training.step import guard_nonfinite, train_step, window_counts
 
 EvaluateFn = Callable[[torch.nn.Module], dict]
 ExportFn = Callable[[torch.nn.Module, str], None]
@@ -178,18 +178,6 @@ def total_train_steps(config: TrainingConfig, per_epoch: int) -> int:
     return max(1, math.ceil(config.num_train_epochs * per_epoch / config.gradient_accumulation_steps))
 
 
-def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed (not averaged) cross entropy over non-padding target tokens, computed in fp32."""
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100,
-                           reduction="sum")
-
-
-def forward_loss_sum(model: torch.nn.Module, batch: dict) -> torch.Tensor:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=batch["decoder_input_ids"]).logits
-    return token_cross_entropy_sum(logits, batch["labels"])
-
-
 def _micro_batches(accelerator: Accelerator, loader, state: TrainState, rows: int) -> Iterator[dict]:
     """Batches forever, epoch after epoch, starting at the state's saved data position.
 
@@ -219,73 +207,6 @@ def batches_per_epoch(loader) -> int:
         return len(loader)
     except TypeError:
         return 0
-
-
-def _window_counts(accelerator, window: list[dict], stop_requested: bool) -> torch.Tensor:
-    """[target tokens, samples, input + target tokens, processes asked to stop] of a window, summed over processes.
-
-    One all-reduce per step, which also tells every process whether any of them received a
-    preemption signal, so that all stop after the same step.
-    """
-    targets = sum((b["labels"] != -100).sum() for b in window)
-    inputs = sum(b["attention_mask"].sum() for b in window)
-    samples = torch.tensor(sum(len(b["input_ids"]) for b in window), device=accelerator.device)
-    stop = torch.tensor(int(stop_requested), device=accelerator.device)
-    local = torch.stack([targets, samples, inputs + targets, stop]).double()
-    return accelerator.reduce(local, reduction="sum")
-
-
-def _train_step(accelerator, model, optimizer, window: list[dict], counts: torch.Tensor, max_grad_norm: float,
-                step: int) -> torch.Tensor:
-    """One optimizer step over a window of micro-batches, skipped if the loss or gradients are not finite.
-
-    Returns the token-mean loss as a device tensor, NaN when the step was skipped; nothing is
-    read back to the host. Fused AdamW (the default optimizer) skips on the device itself,
-    given the verdict as `found_inf`, the mechanism GradScaler uses; other optimizers cannot,
-    so for them the verdict is read before stepping, one host sync per step. The verdict is
-    the same on every process because the loss and the gradient norm are all-reduced values.
-    """
-    total_tokens = counts[0].float()
-    # accelerator.backward divides by the accumulation steps and DDP averages over processes;
-    # undo both so the gradient is exactly that of the token mean over the whole window.
-    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / total_tokens
-    loss_sum = torch.zeros((), device=accelerator.device)
-    for micro, batch in enumerate(window, start=1):
-        with accelerator.accumulate(model):
-            batch_loss = forward_loss_sum(model, batch)
-            accelerator.backward(batch_loss * scale)
-        loss_sum += batch_loss.detach()
-        kill_point("micro", step, micro)
-    # The window's last micro-batch synchronised the gradients (a window is one whole
-    # accumulation cycle), so the optimizer wrapper below really steps.
-    loss = accelerator.reduce(loss_sum, reduction="sum") / total_tokens
-    # Clipping at infinity still measures the norm, which catches inf/NaN gradients of a finite
-    # loss. Under DeepSpeed the step already ran inside the last backward: the engine clipped
-    # (at --max_grad_norm, see build_accelerator), skipped the update if the gradients were not
-    # finite, and reports that step's norm here (inf when skipped; None in older accelerate),
-    # so the verdict below matches what DeepSpeed did and its optimizer.step() is a no-op.
-    norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
-    norm = torch.as_tensor(0.0 if norm is None else norm, device=loss.device)
-    # With fp16, accelerate's GradScaler skips overflowing steps itself, and must see them to
-    # lower its scale: only a non-finite loss is skipped here.
-    finite = torch.isfinite(loss) if accelerator.scaler is not None else torch.isfinite(loss) & torch.isfinite(norm)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        optimizer.step()
-    elif _skips_on_device(inner, accelerator):
-        inner.found_inf = (~finite).float()
-        optimizer.step()
-    elif bool(finite):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return torch.where(finite, loss, torch.full_like(loss, math.nan))
-
-
-def _skips_on_device(optimizer, accelerator) -> bool:
-    # Fused Adam(W) reads `found_inf` and leaves weights, moments and step count untouched when
-    # it is 1. Under fp16 the GradScaler owns that attribute.
-    return (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
-            and accelerator.scaler is None)
 
 
 def train(
@@ -326,8 +247,8 @@ def train(
         while state.step < total_steps and not stop:
             started = time.perf_counter()
             window = [next(batches) for _ in range(config.gradient_accumulation_steps)]
-            counts = _window_counts(accelerator, window, preemption.received is not None)
-            loss = _train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm, state.step + 1)
+            counts = window_counts(accelerator, window, preemption.received is not None)
+            loss = train_step(accelerator, model, optimizer, window, counts, config.max_grad_norm, state.step + 1)
             pending.append((loss, counts))
             scheduler.step()
             state.step += 1
@@ -349,29 +270,11 @@ def train(
             preempted = voted_stop if accelerator.num_processes > 1 else preemption.received is not None
             if at_end or stop or preempted or (config.save_steps and state.step % config.save_steps == 0):
                 flush()
-                path = _save(accelerator, config, model, scheduler, state)
+                path = save(accelerator, config, model, scheduler, state)
                 if preempted and not at_end:
                     raise Preempted(f"{preemption.received or 'a signal'} received: saved {path} at step "
                                     f"{state.step}; rerun with --resume_from_checkpoint auto to continue")
     return state
-
-
-def _guard_nonfinite(accelerator, config: TrainingConfig, state: TrainState, step: int, applied: bool) -> None:
-    """Counts skipped (non-finite) steps in a row; after --max_nonfinite_steps, stops naming the likely cause."""
-    if applied:
-        state.nonfinite_in_a_row = 0
-        return
-    state.nonfinite_in_a_row += 1
-    accelerator.print(f"step {step}: non-finite loss or gradients; step skipped, weights unchanged")
-    limit = config.max_nonfinite_steps
-    if limit and state.nonfinite_in_a_row >= limit:
-        if accelerator.mixed_precision == "fp16":
-            cause = "T5 overflows in fp16 (its feed-forward activations exceed 65504): use --mixed_precision bf16"
-        else:
-            cause = (f"the learning rate is likely too high for this model and batch: lower --learning_rate "
-                     f"(now {config.learning_rate:g}) or raise --warmup_steps")
-        raise DivergedError(f"the loss was not finite for {state.nonfinite_in_a_row} steps in a row (up to step "
-                            f"{step}); {cause}. Checkpoints saved before that are intact")
 
 
 def _flush_losses(accelerator, config: TrainingConfig, scheduler, state: TrainState, pending: list, bar,
@@ -387,7 +290,7 @@ def _flush_losses(accelerator, config: TrainingConfig, scheduler, state: TrainSt
     first = state.step - len(pending) + 1
     pending.clear()
     for step, value in enumerate(values, start=first):
-        _guard_nonfinite(accelerator, config, state, step, applied=math.isfinite(value))
+        guard_nonfinite(accelerator, config, state, step, applied=math.isfinite(value))
     state.losses.extend(values)
     state.samples_seen += int(samples)
     state.tokens_seen += int(tokens)
@@ -424,7 +327,7 @@ def _evaluate(accelerator, config, model, state: TrainState, evaluate, objective
     return False
 
 
-def _save(accelerator, config, model, scheduler, state: TrainState) -> str:
+def save(accelerator, config, model, scheduler, state: TrainState) -> str:
     """Checkpoints the run (never with non-finite weights) and rotates old checkpoints; returns the folder."""
     ensure_finite_weights(model, f"step {state.step}")
     path = checkpoint.save_checkpoint(accelerator, config.output_dir, state, scheduler)

@@ -49,7 +49,7 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
                          warmup_init=False)
     # Fused: one kernel per step instead of a dozen passes over the weights (about 25% less
     # optimizer time on a CPU, more on a GPU), and it can skip a non-finite step on the device
-    # (see loop._train_step). DeepSpeed's ZeRO optimizer drives the client optimizer itself.
+    # (see step.train_step). DeepSpeed's ZeRO optimizer drives the client optimizer itself.
     fused = deepspeed_config is None and all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                              eps=config.adam_epsilon, fused=fused)

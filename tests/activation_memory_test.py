@@ -8,7 +8,7 @@ import transformers
 from absl.testing import absltest, parameterized
 
 from t5_training import activation_memory, memory
-from t5_training.loop import token_cross_entropy_sum
+from t5_training.losses import token_cross_entropy_sum
 from tests.memory_test import _hand_config
 
 

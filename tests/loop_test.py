@@ -17,7 +17,7 @@ from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 
 import fine_tune_t5
-from t5_training import loop
+from t5_training import loop, losses, step
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError, UsageError, run_cli
 from tests import fixtures
@@ -124,7 +124,7 @@ class ObjectiveTest(parameterized.TestCase):
 
 def _nan_on_steps(steps: set, accumulation: int = 1):
     """A forward_loss_sum that returns NaN on the micro-batches of the given (1-based) optimizer steps."""
-    real = loop.forward_loss_sum
+    real = losses.forward_loss_sum
     calls = []
 
     def patched(model, batch):
@@ -133,7 +133,7 @@ def _nan_on_steps(steps: set, accumulation: int = 1):
         step = (len(calls) - 1) // accumulation + 1
         return loss * float("nan") if step in steps else loss
 
-    return mock.patch.object(loop, "forward_loss_sum", patched)
+    return mock.patch.object(losses, "forward_loss_sum", patched)
 
 
 class NonFiniteGuardTest(absltest.TestCase):
@@ -172,14 +172,14 @@ class NonFiniteGuardTest(absltest.TestCase):
         accelerator = mock.Mock(mixed_precision="fp16")
         state = loop.TrainState(step=7, nonfinite_in_a_row=1)
         with self.assertRaisesRegex(DivergedError, "fp16.*--mixed_precision bf16"):
-            loop._guard_nonfinite(accelerator, TrainingConfig(max_nonfinite_steps=2), state, 7, applied=False)
+            step.guard_nonfinite(accelerator, TrainingConfig(max_nonfinite_steps=2), state, 7, applied=False)
 
     def test_zero_never_stops(self):
         state = loop.TrainState(step=70, nonfinite_in_a_row=50)
-        loop._guard_nonfinite(mock.Mock(mixed_precision="no"), TrainingConfig(max_nonfinite_steps=0), state, 70,
+        step.guard_nonfinite(mock.Mock(mixed_precision="no"), TrainingConfig(max_nonfinite_steps=0), state, 70,
                               applied=False)
         self.assertEqual(state.nonfinite_in_a_row, 51)
-        loop._guard_nonfinite(mock.Mock(), TrainingConfig(), state, 71, applied=True)
+        step.guard_nonfinite(mock.Mock(), TrainingConfig(), state, 71, applied=True)
         self.assertEqual(state.nonfinite_in_a_row, 0)
 
     def test_non_finite_weights_are_never_saved(self):
@@ -189,7 +189,7 @@ class NonFiniteGuardTest(absltest.TestCase):
             model.weight[0, 0] = float("inf")
         with tempfile.TemporaryDirectory() as out:
             with self.assertRaisesRegex(DivergedError, "not finite at step 3, so they were not saved"):
-                loop._save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
+                loop.save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
             self.assertEqual(os.listdir(out), [])
 
 
@@ -207,7 +207,7 @@ class HostSyncTest(absltest.TestCase):
 
             def read(self, *args, **kwargs):
                 caller = sys._getframe(1).f_code
-                if caller.co_filename == loop.__file__:
+                if caller.co_filename in (loop.__file__, step.__file__, losses.__file__):
                     reads.append(caller.co_name)
                 return real(self, *args, **kwargs)
             return mock.patch.object(torch.Tensor, name, read)
@@ -216,7 +216,7 @@ class HostSyncTest(absltest.TestCase):
             for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
                 stack.enter_context(recording(name))
             _run(out, "--max_steps", "8", "--logging_steps", "4", "--gradient_accumulation_steps", "2")
-        per_step = {"_train_step", "_window_counts", "train", "_micro_batches", "forward_loss_sum",
+        per_step = {"train_step", "window_counts", "train", "_micro_batches", "forward_loss_sum",
                     "token_cross_entropy_sum"}
         self.assertFalse(per_step & set(reads), sorted(set(reads)))
         # Two logging steps, each reading the losses and the counts once.
