@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import fine_tune_t5
 import pre_train_t5
-from t5_training import data, reporting
+from t5_training import data, reporting, run_dir
 from t5_training.config import parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.tasks import get_entry
@@ -88,9 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
     png = os.path.join(out, "loss_curves.png")
     reporting.save_loss_curves(png, {
         f"pretraining (span corruption, {pretrained['train']['train_tokens']:,} tokens)":
-            {"tiny T5": read_losses(pretrained["dir"])},
+            {"tiny T5": run_dir.read_losses(pretrained["dir"])},
         f"fine-tuning on {config.labelled} labelled articles":
-            {f"{init}, seed {seed}": read_losses(runs[seed][init]["dir"]) for seed in config.seeds for init in INITS},
+            {f"{init}, seed {seed}": run_dir.read_losses(runs[seed][init]["dir"])
+             for seed in config.seeds for init in INITS},
     })
     print(f"\nBBC News topic of {sum(counts.values())} held-out articles, accuracy after fine-tuning on "
           f"{config.labelled} of the {len(splits['train']):,} training articles (pretraining read all "
@@ -168,11 +169,11 @@ def fine_tune_pair(flags: list[str], pretrained_model: str, config_name: str, se
     results = {}
     for init, model in (("pretrained", ["--model_name_or_path", pretrained_model]),
                         ("random init", ["--config_name", config_name])):
-        run_dir = os.path.join(folder, f"{init.replace(' ', '_')}-seed{seed}")
-        done = finished(run_dir) if reuse else None
-        results[init] = {**(done or fine_tune_t5.main([*flags, *model, "--output_dir", run_dir,
+        run_folder = os.path.join(folder, f"{init.replace(' ', '_')}-seed{seed}")
+        done = run_dir.read_results(run_folder) if reuse else None
+        results[init] = {**(done or fine_tune_t5.main([*flags, *model, "--output_dir", run_folder,
                                                        "--overwrite_output_dir", "--seed", str(seed)])),
-                         "dir": run_dir}
+                         "dir": run_folder}
     return results
 
 
@@ -190,25 +191,6 @@ def summarize(runs: dict[int, dict[str, dict]], metric: str) -> dict:
                                         - runs[s]["random init"]["eval"][metric], 2) for s in seeds},
                   "mean": round(difference["mean"], 2)})
     return {"table": table, "difference": difference}
-
-
-def finished(run_dir: str) -> dict | None:
-    """The results of a run that finished in `run_dir` (its export and both results files), if any."""
-    paths = [os.path.join(run_dir, name) for name in ("train_results.json", "eval_results.json")]
-    if not os.path.isfile(os.path.join(run_dir, "final", "config.json")) or not all(map(os.path.isfile, paths)):
-        return None
-    results = {}
-    for key, path in zip(("train", "eval"), paths):
-        with open(path, encoding="utf-8") as f:
-            results[key] = json.load(f)
-    return results
-
-
-def read_losses(run_dir: str) -> list[float]:
-    """The training loss per step, from the newest checkpoint's state."""
-    newest = sorted(name for name in os.listdir(run_dir) if name.startswith("step-"))[-1]
-    with open(os.path.join(run_dir, newest, "train_state.json"), encoding="utf-8") as f:
-        return json.load(f)["losses"]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ run and writes results.json. Finished runs are read back, not repeated.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ sys.path.insert(0, REPO)
 
 import pre_train_t5  # noqa: E402  (the repository root must be on the path first)
 from pretraining_transfer import TINY, WIKITEXT  # noqa: E402  (benchmarks/ is the script's folder)
-from t5_training import reporting  # noqa: E402
+from t5_training import reporting, run_dir  # noqa: E402
 from t5_training.tokenizer import train_tokenizer  # noqa: E402
 
 
@@ -56,8 +55,7 @@ def main() -> None:
             "--eval_steps", str(max(1, args.steps // 4)), "--save_steps", str(args.steps), "--logging_steps", "100",
             "--max_eval_samples", "128", "--seed", str(args.seed),
         ])
-        with open(os.path.join(out, f"step-{args.steps:06d}", "train_state.json"), encoding="utf-8") as f:
-            evals = json.load(f)["evals"]
+        evals = run_dir.read_state(out, args.steps)["evals"]
         rows.append({"optim": optim, "held-out loss by quarter": " -> ".join(f"{e['loss']:.3f}" for e in evals),
                      "final loss": round(evals[-1]["loss"], 4), "span accuracy": round(evals[-1]["accuracy"], 2)})
     reporting.write_json(os.path.join(args.output_dir, "results.json"), {"steps": args.steps, "rows": rows})

@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import demo  # noqa: E402  (the repository root must be on the path first)
-from t5_training import data, reporting  # noqa: E402
+from t5_training import data, reporting, run_dir  # noqa: E402
 from t5_training.tasks import get_entry  # noqa: E402
 
 DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
@@ -120,10 +120,10 @@ def main(argv=None) -> dict:
     return results
 
 
-def pretrain_once(run_dir: str, tokenizer: str, corpus: dict, steps: int, flags: list[str]) -> dict:
+def pretrain_once(folder: str, tokenizer: str, corpus: dict, steps: int, flags: list[str]) -> dict:
     """demo.pretrain, unless a finished run of the same recipe and steps is already there."""
-    done = demo.finished(run_dir)
-    return {**done, "dir": run_dir} if done else demo.pretrain(run_dir, tokenizer, corpus, steps, *flags)
+    done = run_dir.read_results(folder)
+    return {**done, "dir": folder} if done else demo.pretrain(folder, tokenizer, corpus, steps, *flags)
 
 
 def row_of(labelled: int, runs: dict, metric: str) -> dict:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import yaml
 
-from t5_training import checkpoint, reporting
+from t5_training import reporting, run_dir
 from t5_training.errors import CliError, Preempted, UsageError, run_cli
 from t5_training.interrupts import PREEMPTION_SIGNALS
 
@@ -250,22 +250,14 @@ def trial_command(sweep: dict, trial: dict, trial_dir: str, extra: tuple[str, ..
 
 def read_history(trial_dir: str) -> list[dict]:
     """The trial's evaluations so far, keyed as they are logged (eval/<key>), from its newest checkpoint."""
-    for path in reversed(checkpoint.list_checkpoints(trial_dir)):
-        try:
-            with open(os.path.join(path, checkpoint.STATE_FILE), encoding="utf-8") as f:
-                evals = json.load(f)["evals"]
-        except (OSError, ValueError, KeyError):
-            continue  # rotated away while we read it: the next poll sees the newer one
-        return [{"_step": e["step"], **{f"eval/{k}": v for k, v in e.items() if k != "step"}} for e in evals]
-    return []
+    return [{"_step": e["step"], **{f"eval/{k}": v for k, v in e.items() if k != "step"}}
+            for e in run_dir.read_evals(trial_dir)]
 
 
 def read_summary(trial_dir: str, history: list[dict]) -> dict:
     """The final evaluation (eval_results.json, written when a run finishes), else the last one recorded."""
-    try:
-        with open(os.path.join(trial_dir, "eval_results.json"), encoding="utf-8") as f:
-            final = json.load(f)
-    except (OSError, ValueError):
+    final = run_dir.read_final_eval(trial_dir)
+    if final is None:
         return {k: v for k, v in (history[-1] if history else {}).items() if k != "_step"}
     return {f"eval/{k}": v for k, v in final.items() if k not in ("best_metric", "best_step", "metric_to_optimize")}
 
@@ -307,7 +299,7 @@ def run_trial(config: RunnerConfig, sweep: dict, trial: dict) -> str:
     with open(log_path, "a", encoding="utf-8") as log:
         code, stopped, preempted = _supervise(command, log, env, progress, config.poll_seconds)
     history = read_history(trial_dir)
-    finished = os.path.isfile(os.path.join(trial_dir, "eval_results.json"))
+    finished = run_dir.read_final_eval(trial_dir) is not None
     ended = ("finished" if finished else "stopped" if stopped and history else "preempted" if preempted
              else "failed")
     with locked_state(config.output_dir) as state:

@@ -14,6 +14,7 @@ import tempfile
 from absl.testing import absltest
 
 import fine_tune_t5
+from t5_training import run_dir
 from tests import fixtures
 
 SCRIPT = os.path.join(fixtures.REPO, "fine_tune_t5.py")
@@ -23,8 +24,7 @@ MAJORITY_ACCURACY = 100 * 444 / 872
 
 
 def _losses(output_dir):
-    with open(os.path.join(output_dir, f"step-{4:06d}", "train_state.json")) as f:
-        return json.load(f)["losses"]
+    return run_dir.read_losses(output_dir, 4)
 
 
 class LearnsSst2Test(absltest.TestCase):

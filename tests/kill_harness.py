@@ -9,7 +9,6 @@ makes it SIGKILL itself at an exact point, and the resumed run is the same comma
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import re
@@ -18,6 +17,7 @@ import sys
 
 from safetensors.torch import load_file
 
+from t5_training import run_dir
 from tests import fixtures
 
 REPO = fixtures.REPO
@@ -116,12 +116,8 @@ class Outcome:
 
 def outcome(output_dir: str) -> Outcome:
     """The finished run's per-step losses (from its last checkpoint), final weights and eval results."""
-    steps = sorted(name for name in os.listdir(output_dir) if name.startswith("step-"))
-    with open(os.path.join(output_dir, steps[-1], "train_state.json"), encoding="utf-8") as f:
-        losses = json.load(f)["losses"]
-    with open(os.path.join(output_dir, "eval_results.json"), encoding="utf-8") as f:
-        eval_results = json.load(f)
-    return Outcome(losses, load_file(os.path.join(output_dir, "final", "model.safetensors")), eval_results)
+    return Outcome(run_dir.read_losses(output_dir), load_file(os.path.join(output_dir, "final", "model.safetensors")),
+                   run_dir.read_final_eval(output_dir))
 
 
 def first_difference(reference: Outcome, other: Outcome) -> str | None:

@@ -6,7 +6,6 @@ same code a user runs. With 100 rows and batch 8 an epoch has 13 micro-batches, 
 """
 import contextlib
 import io
-import json
 import math
 import os
 import tempfile
@@ -17,7 +16,7 @@ from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 
 import fine_tune_t5
-from t5_training import loop, losses, step
+from t5_training import loop, losses, run_dir, step
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError, UsageError, run_cli
 from tests import fixtures
@@ -28,9 +27,7 @@ def _run(output_dir, *extra):
 
 
 def _losses(output_dir):
-    steps = sorted(n for n in os.listdir(output_dir) if n.startswith("step-"))
-    with open(os.path.join(output_dir, steps[-1], "train_state.json")) as f:
-        return json.load(f)["losses"]
+    return run_dir.read_losses(output_dir)
 
 
 def _weights(output_dir):
@@ -78,8 +75,8 @@ class AccumulationTest(absltest.TestCase):
             _run(big, "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "1", *common)
             a_losses, b_losses = _losses(accumulated), _losses(big)
             self.assertLen(a_losses, 6)
-            for step, (a, b) in enumerate(zip(a_losses, b_losses)):
-                self.assertAlmostEqual(a, b, delta=1e-4 * abs(b), msg=f"step {step + 1}")
+            for i, (a, b) in enumerate(zip(a_losses, b_losses), start=1):
+                self.assertAlmostEqual(a, b, delta=1e-4 * abs(b), msg=f"step {i}")
             # Training moved the weights, and moved them the same way.
             a, b = _weights(accumulated), _weights(big)
             for name in a:

@@ -3,7 +3,6 @@
 The headline test pretrains the tiny T5 on WikiText-2, checks that held-out loss falls and
 span-token accuracy rises, and fine-tunes the exported model on SST-2.
 """
-import json
 import os
 import tempfile
 
@@ -13,6 +12,7 @@ from transformers import AutoConfig, T5ForConditionalGeneration
 
 import fine_tune_t5
 import pre_train_t5
+from t5_training import run_dir
 from tests import fixtures
 
 WIKITEXT = [os.path.join(fixtures.SHARED_DATA, "wikitext-2", "tokenized", name) for name in ("valid.txt", "test.txt")]
@@ -45,8 +45,7 @@ class PretrainThenFineTuneTest(absltest.TestCase):
             result = pre_train_t5.main(pretrain_args(
                 pt, "--max_steps", "300", "--eval_steps", "50", "--max_seq_length", "64", "--optim", "adamw_torch",
                 "--learning_rate", "2e-3", "--lr_scheduler_type", "linear", "--warmup_steps", "30"))
-            with open(os.path.join(pt, "step-000300", "train_state.json")) as f:
-                evals = json.load(f)["evals"]
+            evals = run_dir.read_state(pt, 300)["evals"]
             self.assertEqual([e["step"] for e in evals], [50, 100, 150, 200, 250, 300])
             # Held-out WikiText chunks: loss falls and span-token accuracy rises as pretraining goes on.
             # (300 steps: 4.26 -> 3.63 and 31.4% -> 34.0% when written.)
@@ -67,8 +66,7 @@ class TrackerTest(absltest.TestCase):
         with tempfile.TemporaryDirectory() as out:
             result = pre_train_t5.main(pretrain_args(out, "--max_steps", "4", "--eval_steps", "2", "--save_steps", "4",
                                                      "--report_to", "tensorboard"))
-            with open(os.path.join(out, "step-000004", "train_state.json")) as f:
-                evals = json.load(f)["evals"]
+            evals = run_dir.read_state(out, 4)["evals"]
             scalars = fixtures.tensorboard_scalars(out)
             for key in ("loss", "accuracy"):
                 logged = scalars[f"eval/{key}"]

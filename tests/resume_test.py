@@ -5,7 +5,6 @@ with (t5_training.resume.continue_with_layout). These runs resume an uninterrupt
 checkpoint under another per-device batch, accumulation or number of processes, and compare
 every later step's loss with the uninterrupted run's, on the CPU, where both are deterministic.
 """
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 
 import fine_tune_t5
+from t5_training import run_dir
 from t5_training.errors import UsageError
 from tests import fixtures
 
@@ -24,8 +24,7 @@ COMMON = ["--max_steps", "4", "--save_steps", "1", "--save_total_limit", "0", "-
 
 
 def _losses(output_dir: str, step: int = 4) -> list[float]:
-    with open(os.path.join(output_dir, f"step-{step:06d}", "train_state.json")) as f:
-        return json.load(f)["losses"]
+    return run_dir.read_losses(output_dir, step)
 
 
 def _weights(output_dir: str, step: int) -> dict:

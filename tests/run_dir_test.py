@@ -1,0 +1,61 @@
+"""run_dir: the one reader of a run folder, on folders laid out as a run leaves them."""
+import json
+import os
+
+from absl.testing import absltest
+
+from t5_training import checkpoint, run_dir
+from tests import fixtures
+
+
+def _write(path, value):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(value if isinstance(value, str) else json.dumps(value))
+
+
+def _checkpoint(out, step, losses, complete=True):
+    path = checkpoint.checkpoint_dir(out, step)
+    state = {"step": step, "losses": losses, "evals": [{"step": step, "accuracy": 50.0 + step}]}
+    _write(os.path.join(path, checkpoint.STATE_FILE), state)
+    if complete:  # the manifest, written last, lists every file with its size
+        size = os.path.getsize(os.path.join(path, checkpoint.STATE_FILE))
+        _write(os.path.join(path, checkpoint.MANIFEST), {"step": step, "files": {checkpoint.STATE_FILE: size}})
+
+
+class RunDirTest(fixtures.TempDirTestCase):
+
+    def test_newest_complete_checkpoint_is_read(self):
+        _checkpoint(self.dir, 2, [3.0, 2.5])
+        _checkpoint(self.dir, 10, [3.0, 2.5, 2.0, 1.5])
+        _checkpoint(self.dir, 12, [9.9], complete=False)  # killed while saving: never read as the newest
+        self.assertEqual(run_dir.read_losses(self.dir), [3.0, 2.5, 2.0, 1.5])
+        self.assertEqual(run_dir.read_evals(self.dir), [{"step": 10, "accuracy": 60.0}])
+        self.assertEqual(run_dir.read_losses(self.dir, step=2), [3.0, 2.5])
+
+    def test_a_checkpoint_rotated_away_while_reading_falls_back_to_the_next(self):
+        _checkpoint(self.dir, 2, [3.0])
+        _checkpoint(self.dir, 4, [3.0, 2.0])
+        os.remove(os.path.join(checkpoint.checkpoint_dir(self.dir, 4), checkpoint.STATE_FILE))
+        # Its state file is gone (rotated away by the live run): the next newest is read instead.
+        self.assertEqual(run_dir.read_losses(self.dir), [3.0])
+
+    def test_an_empty_or_missing_folder_has_no_history(self):
+        self.assertIsNone(run_dir.read_state(self.dir))
+        self.assertEqual(run_dir.read_losses(os.path.join(self.dir, "absent")), [])
+        self.assertEqual(run_dir.read_evals(self.dir), [])
+
+    def test_results_only_of_a_finished_run(self):
+        _write(os.path.join(self.dir, "eval_results.json"), {"accuracy": 81.0})
+        self.assertEqual(run_dir.read_final_eval(self.dir), {"accuracy": 81.0})
+        self.assertIsNone(run_dir.read_results(self.dir))  # no final export, no train results
+        _write(os.path.join(self.dir, "final", "config.json"), {})
+        self.assertIsNone(run_dir.read_results(self.dir))
+        _write(os.path.join(self.dir, "train_results.json"), {"train_steps": 4})
+        self.assertEqual(run_dir.read_results(self.dir), {"train": {"train_steps": 4}, "eval": {"accuracy": 81.0}})
+        _write(os.path.join(self.dir, "train_results.json"), '{"train_steps": 4')  # half-written
+        self.assertIsNone(run_dir.read_results(self.dir))
+
+
+if __name__ == "__main__":
+    absltest.main()
