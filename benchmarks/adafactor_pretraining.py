@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import TINY_CONFIG as TINY, WIKITEXT  # noqa: E402
 
 import pre_train_t5  # noqa: E402  (the repository root must be on the path first)
-from pretraining_transfer import TINY, WIKITEXT  # noqa: E402  (benchmarks/ is the script's folder)
 from t5_training import reporting, run_dir  # noqa: E402
 from t5_training.tokenizer import train_tokenizer  # noqa: E402
 

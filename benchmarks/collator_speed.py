@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import REPO  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

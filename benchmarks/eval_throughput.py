@@ -38,14 +38,12 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fine_tune_throughput as shared  # noqa: E402  (shares its preparation and process handling)
+import _harness as harness  # first: it puts the repository root on the path
 
-REPO = shared.REPO
-SST2_DIR = shared.SST2_DIR
+REPO = harness.REPO
+SST2_DIR = harness.SST2_DIR
 SIDES = ("ours score", "ours generate", "hf predict_with_generate")
 BASELINE = "hf predict_with_generate"
 GOAL = 3.0  # ours score over HF, in examples per second
@@ -67,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_target_length", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=None, help="runs of each side (default 2; quick: 1)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--threads", type=int, default=None, help=shared.THREADS_HELP)
+    parser.add_argument("--threads", type=int, default=None, help=harness.THREADS_HELP)
     parser.add_argument("--work_dir", default=None, help="default: runs/eval_throughput[_quick]")
     parser.add_argument("--output", default=None, help="results JSON (default: WORK_DIR/results.json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file: run one side and exit
@@ -150,7 +148,7 @@ def run_hf(job: dict) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForSeq2SeqLM.from_pretrained(job["model"])
-    dev = shared.tokenized_rows(job, tokenizer, "validation", job["eval_rows"])
+    dev = harness.tokenized_rows(job, tokenizer, "validation", job["eval_rows"])
     longest_label = max(len(ids) for ids in dev["labels"])  # label tokens with EOS
     args = Seq2SeqTrainingArguments(
         output_dir=job["run_dir"], per_device_eval_batch_size=job["batch_size"], predict_with_generate=True,
@@ -182,23 +180,23 @@ def measure(job: dict) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.child:
-        shared.child_main(args.child, measure)
+        harness.child_main(args.child, harness.measured_side(measure))
         return {}
     started = time.perf_counter()
-    shared.set_environment(args.threads)
+    harness.set_environment(args.threads)
     os.makedirs(args.work_dir, exist_ok=True)
-    load_before = shared.load_average()
+    load_before = harness.load_average()
     model = args.model_name_or_path
     if model is None:
         print(f"preparing the tokenizer and the initial weights in {args.work_dir}", flush=True)
-        tokenizer_dir, model_dir = shared.prepare_tokenizer_and_model(args.work_dir, args.model_config,
+        tokenizer_dir, model_dir = harness.prepare_tokenizer_and_model(args.work_dir, args.model_config,
                                                                       args.vocab_size, args.seed)
         print(f"fine-tuning for {args.fine_tune_steps} steps", flush=True)
         model = fine_tune(args, tokenizer_dir, model_dir)
     base = {"model": os.path.abspath(model), "eval_rows": args.eval_rows, "batch_size": args.batch_size,
             "max_source_length": args.max_source_length, "max_target_length": args.max_target_length,
             "seed": args.seed}
-    runs = shared.run_sides(__file__, SIDES, args.repeats, base, args.work_dir,
+    runs = harness.run_sides(__file__, SIDES, args.repeats, base, args.work_dir,
                             side_job=lambda side: {"decoding": side.split()[-1]})
 
     # Per-row predictions from each side's first run; they do not change between runs.
@@ -206,13 +204,13 @@ def main(argv=None) -> dict:
     reference = first[BASELINE]["predictions"]
     table = []
     for side in SIDES:
-        rate = shared.median_of(runs, side, "examples_per_second")
+        rate = harness.median_of(runs, side, "examples_per_second")
         differ = sum(a != b for a, b in zip(first[side]["predictions"], reference))
-        table.append({"side": side, "examples/s": rate, "seconds": shared.median_of(runs, side, "seconds"),
-                      "x hf": round(rate / shared.median_of(runs, BASELINE, "examples_per_second"), 2),
-                      "best examples/s": shared.best_of(runs, side, "examples_per_second"),
-                      "best x hf": round(shared.best_of(runs, side, "examples_per_second")
-                                         / shared.best_of(runs, BASELINE, "examples_per_second"), 2),
+        table.append({"side": side, "examples/s": rate, "seconds": harness.median_of(runs, side, "seconds"),
+                      "x hf": round(rate / harness.median_of(runs, BASELINE, "examples_per_second"), 2),
+                      "best examples/s": harness.best_of(runs, side, "examples_per_second"),
+                      "best x hf": round(harness.best_of(runs, side, "examples_per_second")
+                                         / harness.best_of(runs, BASELINE, "examples_per_second"), 2),
                       "accuracy": first[side]["accuracy"], "rows differing from hf": differ,
                       "examples/s per run": " ".join(f"{r['examples_per_second']:.1f}" for r in runs
                                                      if r["side"] == side)})
@@ -224,7 +222,7 @@ def main(argv=None) -> dict:
                      "sst2_dir": SST2_DIR, "max_new_tokens": first[BASELINE]["max_new_tokens"],
                      "timing": "ours: wall time of evaluate(model) (scoring and predictions TSV included); "
                                "hf: wall time of trainer.predict(dev)"},
-        "load_average": {"before": load_before, "after": shared.load_average()},
+        "load_average": {"before": load_before, "after": harness.load_average()},
         "runs": [{k: v for k, v in r.items() if k != "predictions"} for r in runs],
         "table": table, "ratios": ratios,
         "accuracy": {side: first[side]["accuracy"] for side in SIDES},

@@ -44,28 +44,16 @@ writes --output (JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import statistics
-import subprocess
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import (REPO, SST2_DIR, THREADS_HELP, best_of, child_main, load_average, measured_side, median_of,
+                      prepare_tokenizer_and_model, run_sides, set_environment, tokenized_rows)
 
-DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
-SST2_DIR = os.path.join(DATA, "SST-2")
 SIDES = ("ours group_by_length", "hf group_by_length", "ours", "hf dynamic padding", "hf pad to max length")
 # ours (group_by_length) over each side; the first is the headline: HF's best configuration.
 GOALS = {"hf group_by_length": 1.0, "hf dynamic padding": 1.5, "hf pad to max length": 2.0}
-# Child processes must never wait on the network, and all sides see the same environment.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
-               "TOKENIZERS_PARALLELISM": "false"}
-THREADS_HELP = ("torch threads in every process; 0: torch's default, one per core (quick: 1). On a machine "
-                "other jobs keep busy, 2 threads on 2 cores stall at every parallel region (a t5-small step "
-                "measured 7-20 s instead of 2 s), so pass --threads 1 there for steady ratios")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -113,115 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-# --- shared with eval_throughput.py -------------------------------------------------------------
-
-def set_environment(threads: int) -> None:
-    """Offline, and `threads` OpenMP/MKL threads, for this process and every child it starts.
-
-    Set before torch is imported (this module imports it lazily), so it holds here too.
-    """
-    os.environ.update(OFFLINE_ENV)
-    if threads:
-        os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-
-
-def prepare_tokenizer_and_model(work_dir: str, model_config: str, vocab_size: int, seed: int) -> tuple[str, str]:
-    """Trains the SST-2 tokenizer and saves one randomly initialised model; returns both folders.
-
-    Every side then loads these exact weights with from_pretrained, so no side depends on how
-    the other seeds its initialisation.
-    """
-    import csv
-
-    import torch
-
-    from t5_training.modeling import load_model, load_tokenizer
-    from t5_training.tokenizer import train_tokenizer
-
-    tokenizer_dir = os.path.join(work_dir, "tokenizer")
-    model_dir = os.path.join(work_dir, "initial_model")
-    with open(os.path.join(SST2_DIR, "train.tsv"), encoding="utf-8") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        next(rows)
-        sentences = [row[0] for _, row in zip(range(20000), rows)]
-    # The label words must be pieces of their own, as in T5's vocabulary.
-    train_tokenizer(sentences + ["sst2 sentence: negative positive"] * 50, tokenizer_dir, vocab_size=vocab_size)
-    tokenizer = load_tokenizer(tokenizer_dir)
-    torch.manual_seed(seed)
-    model = load_model(None, model_config, tokenizer)
-    model.save_pretrained(model_dir)
-    return tokenizer_dir, model_dir
-
-
-def run_child(script: str, job: dict, work_dir: str) -> dict:
-    """Runs one measurement in a fresh Python process (`script --child JOB`) and returns its result."""
-    name = job["name"]
-    job_path = os.path.join(work_dir, f"{name}.job.json")
-    job = {**job, "result": os.path.join(work_dir, f"{name}.result.json")}
-    if os.path.exists(job["result"]):
-        os.remove(job["result"])  # never read a previous run's figures
-    with open(job_path, "w", encoding="utf-8") as f:
-        json.dump(job, f)
-    log_path = os.path.join(work_dir, f"{name}.log")
-    started = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        done = subprocess.run([sys.executable, os.path.abspath(script), "--child", job_path], cwd=REPO,
-                              stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        with open(log_path, encoding="utf-8") as f:
-            tail = f.read()[-3000:]
-        raise SystemExit(f"{name} failed (exit {done.returncode}); end of {log_path}:\n{tail}")
-    with open(job["result"], encoding="utf-8") as f:
-        result = json.load(f)
-    print(f"  {name}: done in {time.perf_counter() - started:.0f} s (process included)", flush=True)
-    return result
-
-
-def run_sides(script: str, sides: tuple[str, ...], repeats: int, base: dict, work_dir: str, side_job,
-              keep_run_dirs: bool = True) -> list[dict]:
-    """Runs every side `repeats` times, each run a fresh process (run_child); returns the results.
-
-    The order alternates between repeats, so that no side always runs first on a machine that
-    warms up or gets busy. `side_job(side)` adds that side's own job fields to `base`.
-    """
-    runs = []
-    for repeat in range(repeats):
-        for side in sides if repeat % 2 == 0 else tuple(reversed(sides)):
-            name = f"{side.replace(' ', '_')}-{repeat}"
-            run_dir = os.path.join(work_dir, name)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            job = {**base, "name": name, "side": side, "repeat": repeat, "run_dir": run_dir, **side_job(side)}
-            runs.append(run_child(script, job, work_dir))
-            if not keep_run_dirs:
-                shutil.rmtree(run_dir, ignore_errors=True)
-    return runs
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def median_of(runs: list[dict], side: str, key: str) -> float:
-    return statistics.median(r[key] for r in runs if r["side"] == side)
-
-
-def best_of(runs: list[dict], side: str, key: str) -> float:
-    return max(r[key] for r in runs if r["side"] == side)
-
-
 # --- one side, in its own process ----------------------------------------------------------------
-
-def tokenized_rows(job: dict, tokenizer, split: str, rows: int):
-    """The split's rows exactly as fine_tune_t5.py tokenizes them (registry entry, same truncation)."""
-    from t5_training import data
-    from t5_training.tasks import get_entry
-
-    entry = get_entry("glue", "sst2")
-    ds = data.load_splits(entry, data_dir=SST2_DIR)[split]
-    if rows:
-        ds = ds.select(range(min(rows, len(ds))))
-    return data.tokenize_split(ds, entry, tokenizer, job["max_source_length"], job["max_target_length"]).dataset
-
 
 def run_ours(job: dict) -> dict:
     import fine_tune_t5
@@ -307,27 +187,12 @@ def run_hf(job: dict) -> dict:
             "trainer_reported_samples_per_second": output.metrics["train_samples_per_second"]}
 
 
-def child_main(job_path: str, measure) -> None:
-    """Runs `measure(job)` for the job file `job_path` and writes its result where the job says."""
-    import torch
-
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
-    load_before = load_average()
-    result = measure(job)
-    # Recorded afterwards: the figures are only comparable if no side changed its thread count.
-    result.update(side=job["side"], repeat=job["repeat"], threads=torch.get_num_threads(),
-                  load_average={"before": load_before, "after": load_average()})
-    with open(job["result"], "w", encoding="utf-8") as f:
-        json.dump(result, f)
-
-
 # --- the comparison ----------------------------------------------------------------------------
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.child:
-        child_main(args.child, lambda job: run_hf(job) if job["side"].startswith("hf") else run_ours(job))
+        child_main(args.child, measured_side(lambda job: (run_hf if job["side"].startswith("hf") else run_ours)(job)))
         return {}
     started = time.perf_counter()
     set_environment(args.threads)

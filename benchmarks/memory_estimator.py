@@ -33,14 +33,12 @@ a few seconds, which checks that the script works, not its figures):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import subprocess
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import REPO, child_main, run_child  # noqa: E402
 MIB = 1 << 20
 SMALL, TINY, V11_SMALL = "configs/t5-small.json", "configs/t5-tiny.json", "configs/t5-v1_1-small.json"
 BASE = "configs/t5-base.json"
@@ -158,7 +156,6 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
 
 def measure(job: dict) -> dict:
     """Runs in a fresh process: the estimate, and the memory one configuration really takes."""
-    sys.path.insert(0, REPO)
     import ctypes
     import gc
     import warnings
@@ -209,15 +206,6 @@ def measure(job: dict) -> dict:
             "file_pages_change": (_rss_kib("RssFile") - file_pages) * 1024 if device == "cpu" else 0}
 
 
-def run_child(job: dict) -> dict:
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)],
-                          capture_output=True, text=True, cwd=REPO, env={**os.environ, **CHILD_ENV})
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        raise SystemExit(f"measuring process failed: {job}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 # --- the table ----------------------------------------------------------------------------------
 
 def _options(options: dict) -> str:
@@ -237,9 +225,8 @@ def _options(options: dict) -> str:
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(measure(json.loads(args.child))))
+        child_main(args.child, measure)
         return []
-    sys.path.insert(0, REPO)
     from t5_training.reporting import format_table, write_json
 
     rows = []
@@ -247,7 +234,7 @@ def main(argv=None) -> list[dict]:
     for config, batch, source, target, optim, options in configurations:
         job = {"config": config, "batch": batch, "source": source, "target": target, "optim": optim,
                "steps": args.steps, "device": args.device, **options}
-        result = run_child(job)
+        result = run_child(__file__, {**job, "name": f"configuration-{len(rows) + 1}"}, env=CHILD_ENV)
         predicted, measured = result["estimate"]["total"], result["measured"]
         rows.append({"config": os.path.basename(config).removesuffix(".json"), "batch": batch,
                      "lengths": f"{source}->{target}", "optim": optim, "options": _options(options),

@@ -59,11 +59,10 @@ import dataclasses
 import math
 import os
 import statistics
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import REPO  # noqa: E402
 
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402

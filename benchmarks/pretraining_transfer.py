@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import DATA, REPO, TINY_CONFIG as TINY  # noqa: E402
 
 import demo  # noqa: E402  (the repository root must be on the path first)
 from t5_training import data, reporting, run_dir  # noqa: E402
 from t5_training.tasks import get_entry  # noqa: E402
 
-DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
-TINY = os.path.join(REPO, "configs", "t5-tiny.json")
 
 # Pretraining flags on top of demo.pretrain's (T5's recipe: Adafactor at 1e-2, no dropout).
 RECIPES = {

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _harness  # noqa: E402,F401  (first: it puts the repository root on the path)
 
 from tests import kill_harness  # noqa: E402  (the repository root must be on the path first)
 

@@ -26,18 +26,15 @@ It prints a table and writes --output (JSON); it reports the ratio and checks no
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import DATA, REPO, child_main, run_child  # noqa: E402
 DEFAULT_SOURCE = os.path.join(DATA, "tinyshakespeare", "input.txt")
 MB = 1 << 20
 
@@ -130,7 +127,6 @@ class RssSampler:
 
 def measure(job: dict) -> dict:
     """Runs in a fresh process: read the corpus one way and report memory and speed."""
-    sys.path.insert(0, REPO)
     import datasets
     import psutil
     from transformers import AutoTokenizer
@@ -163,23 +159,13 @@ def measure(job: dict) -> dict:
             "samples": sampler.samples}
 
 
-def run_child(job: dict) -> dict:
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        raise SystemExit(f"measuring process failed ({job['mode']}, {job['path']})")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 # --- the table ----------------------------------------------------------------------------------
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(measure(json.loads(args.child))))
+        child_main(args.child, measure)
         return None
-    sys.path.insert(0, REPO)
     from t5_training import reporting
 
     trained = None
@@ -205,7 +191,7 @@ def main(argv=None) -> dict | None:
                        "shuffle_buffer": args.shuffle_buffer, "tokenize_batch": args.tokenize_batch,
                        "max_chunks": args.max_chunks if mode == "stream" else 0, "seed": args.seed,
                        "interval": args.interval, "cache_dir": os.path.join(workdir, f"hf-cache-{size:g}")}
-                result = run_child(job)
+                result = run_child(__file__, {**job, "name": f"{mode}-{size:g}mb"})
                 results.append({"reader": mode, "size_mb": size, "multiple": size / base, "written_mb": written / MB,
                                  **result})
                 rows.append(f"{mode:<12} {written / MB:>9.1f} {size / base:>6g} {result['chunks']:>11,} "
