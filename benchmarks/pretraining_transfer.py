@@ -179,13 +179,14 @@ def save_plot(path: str, recipes: dict, metric: str, task: str) -> None:
         low = [row["pretrained mean"] - row["random init mean"] - row["difference"]["low"] for row in rows]
         high = [row["difference"]["high"] - (row["pretrained mean"] - row["random init mean"]) for row in rows]
         bars = None if any(v != v for v in low + high) else [low, high]  # NaN with one seed
-        ax.errorbar(counts, pretrained, yerr=bars, marker="o", capsize=3, label=f"pretrained ({recipe})")
+        ax.errorbar(counts, pretrained, yerr=bars, marker="o", capsize=3,
+                    label=f"pretrained ({recipe}); bars: 95% interval of the gain")
         if i == 0:
             ax.plot(counts, [row["random init mean"] for row in rows], marker="s", color="gray", label="random init")
     ax.set_xscale("log")
     ax.set_xlabel("labelled training rows")
     ax.set_ylabel(f"held-out {metric}")
-    ax.set_title(f"{task}: pretrained vs random init (bars: 95% interval of the paired difference)")
+    ax.set_title(f"{task}: pretrained vs random init, paired seeds")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
