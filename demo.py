@@ -82,10 +82,17 @@ def main(argv: list[str] | None = None) -> dict:
         runs[seed] = fine_tune_pair([*task_flags, "--train_file", rows], os.path.join(pretrained["dir"], "final"),
                                     TINY, seed, os.path.join(out, "fine_tune"))
 
+    summary = summarize(runs, "accuracy")
+    majority, png = report(config, splits, pretrained, runs, summary)
+    print(f"\nloss curves: {png}\ndemo took {time.perf_counter() - started:.0f} s")
+    return {"majority": majority, "pretrain": pretrained, "runs": runs, "summary": summary, "png": png}
+
+
+def report(config: DemoConfig, splits, pretrained: dict, runs: dict, summary: dict) -> tuple[float, str]:
+    """Prints the table and saves the PNG; returns the majority-class accuracy and the PNG's path."""
     counts = Counter(splits["validation"]["label"])
     majority = 100 * max(counts.values()) / sum(counts.values())
-    summary = summarize(runs, "accuracy")
-    png = os.path.join(out, "loss_curves.png")
+    png = os.path.join(config.output_dir, "loss_curves.png")
     reporting.save_loss_curves(png, {
         f"pretraining (span corruption, {pretrained['train']['train_tokens']:,} tokens)":
             {"tiny T5": run_dir.read_losses(pretrained["dir"])},
@@ -104,8 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\npretrained - random init: {interval['mean']:+.2f} points, ahead in {interval['wins']} of "
           f"{interval['pairs']} seeds" + (f", 95% interval {interval['low']:+.2f} to {interval['high']:+.2f}"
                                           if interval["pairs"] > 1 else ""))
-    print(f"\nloss curves: {png}\ndemo took {time.perf_counter() - started:.0f} s")
-    return {"majority": majority, "pretrain": pretrained, "runs": runs, "summary": summary, "png": png}
+    return majority, png
 
 
 # --- the pieces benchmarks/pretraining_transfer.py reuses -----------------------------------------
