@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -187,8 +188,8 @@ def summarize(runs: dict[int, dict[str, dict]], metric: str) -> dict:
     """A row per init (the metric per seed, its mean, the mean held-out loss) and the paired difference."""
     seeds = list(runs)
     table = [{"model": init, **{f"seed {s}": round(runs[s][init]["eval"][metric], 2) for s in seeds},
-              "mean": round(sum(runs[s][init]["eval"][metric] for s in seeds) / len(seeds), 2),
-              "held-out loss": round(sum(runs[s][init]["eval"]["loss"] for s in seeds) / len(seeds), 3)}
+              "mean": round(statistics.mean(runs[s][init]["eval"][metric] for s in seeds), 2),
+              "held-out loss": round(statistics.mean(runs[s][init]["eval"]["loss"] for s in seeds), 3)}
              for init in INITS]
     difference = reporting.paired_interval([runs[s]["pretrained"]["eval"][metric] for s in seeds],
                                            [runs[s]["random init"]["eval"][metric] for s in seeds])

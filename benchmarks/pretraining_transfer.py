@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
@@ -151,15 +152,12 @@ def print_recipe(args, recipe: str, pretrained: dict, rows: list[dict], metric: 
             "difference": round(d["mean"], 2),
             "95% interval": f"{d['low']:+.2f} to {d['high']:+.2f}" if d["pairs"] > 1 else "-",
             "wins": f"{d['wins']}/{d['pairs']}",
-            "loss pretrained / random": f"{mean(row['pretrained loss']):.3f} / {mean(row['random init loss']):.3f}",
+            "loss pretrained / random": " / ".join(f"{statistics.mean(row[f'{init} loss']):.3f}"
+                                                   for init in demo.INITS),
             "per seed (pretrained | random)": " ".join(f"{v:.1f}" for v in row[f"pretrained {metric}"]) + " | "
                                               + " ".join(f"{v:.1f}" for v in row[f"random init {metric}"]),
         })
     print(reporting.format_table(table))
-
-
-def mean(values) -> float:
-    return sum(values) / len(values)
 
 
 def save_plot(path: str, recipes: dict, metric: str, task: str) -> None:
