@@ -43,6 +43,25 @@ def set_environment(threads: int) -> None:
         os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
 
 
+def add_device_argument(parser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where every side runs (cpu hides any GPU from the children; default cpu)")
+
+
+def use_device(device: str) -> None:
+    """Makes `device` the one every child process runs on, or stops with one line if it is missing.
+
+    Called by the parent only: a child inherits the choice through its environment.
+    """
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # every side on the CPU, also on a machine with a GPU
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {device}: no CUDA device is visible here; use --device cpu")
+
+
 def run_child(script: str, job: dict, work_dir: str | None = None, env: dict | None = None) -> dict:
     """Runs one measurement in a fresh Python process (`script --child JOB_FILE`) and returns its result.
 

@@ -66,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="runs of each side (default 2; quick: 1)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=None, help=harness.THREADS_HELP)
+    harness.add_device_argument(parser)
     parser.add_argument("--work_dir", default=None, help="default: runs/eval_throughput[_quick]")
     parser.add_argument("--output", default=None, help="results JSON (default: WORK_DIR/results.json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file: run one side and exit
@@ -154,7 +155,7 @@ def run_hf(job: dict) -> dict:
         output_dir=job["run_dir"], per_device_eval_batch_size=job["batch_size"], predict_with_generate=True,
         # max_length counts the decoder start token: this allows exactly `longest_label` new tokens.
         generation_max_length=longest_label + 1, generation_num_beams=1,
-        report_to="none", use_cpu=True, dataloader_num_workers=0, seed=job["seed"],
+        report_to="none", use_cpu=job["device"] == "cpu", dataloader_num_workers=0, seed=job["seed"],
     )
     collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=None)
     trainer = Seq2SeqTrainer(model=model, args=args, data_collator=collate, processing_class=tokenizer)
@@ -184,6 +185,7 @@ def main(argv=None) -> dict:
         return {}
     started = time.perf_counter()
     harness.set_environment(args.threads)
+    harness.use_device(args.device)
     os.makedirs(args.work_dir, exist_ok=True)
     load_before = harness.load_average()
     model = args.model_name_or_path
@@ -195,7 +197,7 @@ def main(argv=None) -> dict:
         model = fine_tune(args, tokenizer_dir, model_dir)
     base = {"model": os.path.abspath(model), "eval_rows": args.eval_rows, "batch_size": args.batch_size,
             "max_source_length": args.max_source_length, "max_target_length": args.max_target_length,
-            "seed": args.seed}
+            "seed": args.seed, "device": args.device}
     runs = harness.run_sides(__file__, SIDES, args.repeats, base, args.work_dir,
                             side_job=lambda side: {"decoding": side.split()[-1]})
 

@@ -48,8 +48,9 @@ import os
 import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
-from _harness import (REPO, SST2_DIR, THREADS_HELP, best_of, child_main, load_average, measured_side, median_of,
-                      prepare_tokenizer_and_model, run_sides, set_environment, tokenized_rows)
+from _harness import (REPO, SST2_DIR, THREADS_HELP, add_device_argument, best_of, child_main, load_average,
+                      measured_side, median_of, prepare_tokenizer_and_model, run_sides, set_environment,
+                      tokenized_rows, use_device)
 
 SIDES = ("ours group_by_length", "hf group_by_length", "ours", "hf dynamic padding", "hf pad to max length")
 # ours (group_by_length) over each side; the first is the headline: HF's best configuration.
@@ -76,6 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sides", nargs="+", choices=SIDES + ("all",), default=None,
                         help="which sides to run, or all (default: the headline pair, ours and HF's best; quick: all)")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    add_device_argument(parser)
+    parser.add_argument("--bf16", action="store_true",
+                        help="bf16 autocast on both sides (ours: --mixed_precision bf16, HF: bf16=True); "
+                             "default fp32")
     parser.add_argument("--work_dir", default=None, help="default: runs/fine_tune_throughput[_quick]")
     parser.add_argument("--output", default=None, help="results JSON (default: WORK_DIR/results.json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file: run one side and exit
@@ -116,7 +121,7 @@ def run_ours(job: dict) -> dict:
         # The loop always evaluates and saves once at the end, outside the timed span: keep it small.
         "--max_eval_samples", "8", "--per_device_eval_batch_size", "8",
         "--learning_rate", str(job["learning_rate"]), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
-        "--weight_decay", "0", "--max_grad_norm", "1.0", "--mixed_precision", "no",
+        "--weight_decay", "0", "--max_grad_norm", "1.0", "--mixed_precision", "bf16" if job["bf16"] else "no",
         "--logging_steps", str(job["steps"]), "--save_total_limit", "1", "--seed", str(job["seed"]),
         *(["--group_by_length"] if job["group_by_length"] else []),
     ])["train"]
@@ -162,6 +167,11 @@ def run_hf(job: dict) -> dict:
                 self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == job["steps"] and job["device"] == "cuda":
+                import torch
+
+                # The span ends when the last step has run on the GPU, not when it was queued (as ours).
+                torch.cuda.synchronize()
             self.end = time.perf_counter()
             self.steps += 1
 
@@ -170,7 +180,8 @@ def run_hf(job: dict) -> dict:
         output_dir=job["run_dir"], per_device_train_batch_size=job["batch_size"], max_steps=job["steps"],
         learning_rate=job["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, logging_steps=job["steps"], save_strategy="no", eval_strategy="no", report_to="none",
-        use_cpu=True, dataloader_num_workers=0, seed=job["seed"], optim="adamw_torch_fused",
+        use_cpu=job["device"] == "cpu", bf16=job["bf16"], dataloader_num_workers=0, seed=job["seed"],
+        optim="adamw_torch_fused",
         # transformers 5's name for group_by_length: batches of similar lengths from its own sampler.
         train_sampling_strategy="group_by_length" if job.get("hf_group_by_length") else "random",
     )
@@ -196,6 +207,7 @@ def main(argv=None) -> dict:
         return {}
     started = time.perf_counter()
     set_environment(args.threads)
+    use_device(args.device)
     os.makedirs(args.work_dir, exist_ok=True)
     load_before = load_average()
     print(f"preparing the tokenizer and the initial weights in {args.work_dir}", flush=True)
@@ -203,7 +215,8 @@ def main(argv=None) -> dict:
                                                            args.seed)
     base = {"model": model_dir, "tokenizer": tokenizer_dir, "steps": args.steps, "batch_size": args.batch_size,
             "train_rows": args.train_rows, "max_source_length": args.max_source_length,
-            "max_target_length": args.max_target_length, "learning_rate": args.learning_rate, "seed": args.seed}
+            "max_target_length": args.max_target_length, "learning_rate": args.learning_rate, "seed": args.seed,
+            "device": args.device, "bf16": args.bf16}
     # Checkpoints and exports of a t5-small run take about a GB; only the numbers matter here.
     sides = tuple(side for side in SIDES if side in args.sides)
     runs = run_sides(__file__, sides, args.repeats, base, args.work_dir, keep_run_dirs=False,
@@ -235,7 +248,8 @@ def main(argv=None) -> dict:
              for side, goal in GOALS.items() if f"ours group_by_length / {side}" in ratios}
     results = {
         "settings": {**{k: v for k, v in vars(args).items() if k != "child"}, "sst2_dir": SST2_DIR,
-                     "optimizer": "AdamW, constant lr, no warmup, weight decay 0, clip 1.0, fp32",
+                     "optimizer": "AdamW, constant lr, no warmup, weight decay 0, clip 1.0, "
+                                  + ("bf16 autocast" if args.bf16 else "fp32"),
                      "timing": "wall time from fetching the first batch to the end of the last optimizer step; "
                                "ours: train_results.json train_runtime, hf: TrainerCallback on_epoch_begin -> "
                                "last on_step_end",
@@ -251,7 +265,7 @@ def main(argv=None) -> dict:
 
     print(f"\n{os.path.basename(args.model_config)}, {args.steps} steps of {args.batch_size}, SST-2 "
           f"({args.train_rows or 'all'} training rows), max lengths {args.max_source_length}/{args.max_target_length}, "
-          f"{runs[0]['threads']} torch thread(s), "
+          f"{runs[0]['threads']} torch thread(s), {args.device}, {'bf16' if args.bf16 else 'fp32'}, "
           f"median of {args.repeats} run(s) per side; load average {load_before} -> "
           f"{results['load_average']['after']}\n")
     print(reporting.format_table(table))

@@ -252,6 +252,9 @@ def train(
             pending.append((loss, counts))
             scheduler.step()
             state.step += 1
+            if state.step >= total_steps and accelerator.device.type == "cuda":
+                # train_runtime ends when the last step has run on the GPU, not when it was queued.
+                torch.cuda.synchronize(accelerator.device)
             state.train_seconds += time.perf_counter() - started
             bar.update(1)
 

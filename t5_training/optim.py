@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from accelerate.utils import DummyOptim
 from transformers.optimization import Adafactor
 
 from t5_training.adafactor import T5Adafactor
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
+
+if TYPE_CHECKING:
+    from accelerate.utils import DummyOptim
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
@@ -86,6 +89,9 @@ def _deepspeed_optimizer(groups: list[dict], config: TrainingConfig, deepspeed_c
         if not (key == "lr" and given == "auto") and not _same_numbers(given, value):
             raise UsageError(f'the DeepSpeed config\'s optimizer has "{key}": {json.dumps(given)} but {flag} '
                              f'gives {json.dumps(value)}; make them agree ("auto" works for lr only)')
+    # Imported here: accelerate.utils has DummyOptim only where DeepSpeed is installed, an optional extra.
+    from accelerate.utils import DummyOptim
+
     return DummyOptim(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 

@@ -55,6 +55,23 @@ class PackagingTest(absltest.TestCase):
 
 
 
+class OptionalDependenciesTest(absltest.TestCase):
+    def test_training_runs_without_deepspeed(self):
+        # DeepSpeed is an optional extra, and accelerate.utils leaves out its DeepSpeed names where
+        # it is not installed: the scripts must import, and an optimizer build, without it.
+        code = ("import sys; sys.modules['deepspeed'] = None\n"
+                "import transformers, fine_tune_t5, pre_train_t5\n"
+                "from t5_training import optim\n"
+                "from t5_training.config import TrainingConfig\n"
+                "model = transformers.T5ForConditionalGeneration(transformers.T5Config(\n"
+                "    vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2))\n"
+                "print(type(optim.build_optimizer(model, TrainingConfig(output_dir='unused'))).__name__)\n")
+        result = subprocess.run([sys.executable, "-c", code], cwd=fixtures.REPO, capture_output=True, text=True,
+                                timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(result.stdout.strip().splitlines()[-1], "AdamW")
+
+
 class WheelTest(absltest.TestCase):
     """A non-editable install has every module and model config a command needs."""
 
