@@ -18,7 +18,7 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training import agreement, batch_size, checkpoint, data, evaluation, loop
+from t5_training import agreement, batch_size, checkpoint, data, evaluation, loop, run_dir, runtime
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     entry = get_entry(config.benchmark, config.dataset_name)
     resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
                                               config.resume_from_checkpoint)
-    accelerator = loop.build_accelerator(config)
+    accelerator = runtime.build_accelerator(config)
     decoding = evaluation.resolve_decoding(config.eval_decoding, entry, accelerator)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
@@ -80,14 +80,19 @@ def main(argv: list[str] | None = None) -> dict:
     config = batch_size.find_batch_size(accelerator, config, model, longest)
     train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id, accelerator.num_processes)
 
-    def make_evaluate(prepared_eval_loaders):
-        return evaluation.make_generation_evaluator(accelerator, entry, task, prepared_eval_loaders, tokenizer,
+    run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
+    state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler)
+    runtime.init_trackers(accelerator, config, config.project_name)
+    objective = loop.Objective(entry.metric_to_optimize, entry.greater_is_better)
+    evaluate = evaluation.make_generation_evaluator(accelerator, entry, task, run.eval_loaders, tokenizer,
                                                     config.output_dir, decoding, config.max_target_length,
                                                     config.rouge_use_stemmer)
-
-    return loop.fit(accelerator, config, model, tokenizer, train_loader, eval_loaders, make_evaluate=make_evaluate,
-                    objective=loop.Objective(entry.metric_to_optimize, entry.greater_is_better),
-                    resume_path=resume_path, project_name=config.project_name)
+    state = loop.train(accelerator, config, run, state, evaluate=evaluate, objective=objective,
+                       export=run_dir.exporter(accelerator, tokenizer, config.output_dir))
+    run_dir.export_final(accelerator, run.model, tokenizer, config.output_dir)
+    results = run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
+    runtime.close(accelerator)
+    return results
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 from accelerate.utils import set_seed
 
 from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
-from t5_training import agreement, batch_size, checkpoint, corpus, data, evaluation, loop
+from t5_training import agreement, batch_size, checkpoint, corpus, data, evaluation, loop, run_dir, runtime
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
 from t5_training.samplers import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_config(PreTrainConfig, argv)
     resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
                                               config.resume_from_checkpoint)
-    accelerator = loop.build_accelerator(config)
+    accelerator = runtime.build_accelerator(config)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     collator = build_collator(config, tokenizer)
@@ -88,11 +88,20 @@ def main(argv: list[str] | None = None) -> dict:
                                         lambda n: collator([{"input_ids": chunk, "idx": i} for i in range(n)]))
     train_loader, eval_loader = build_loaders(config, train_data, eval_data, collator)
 
-    return loop.fit(accelerator, config, model, tokenizer, train_loader, {"validation": eval_loader},
-                    make_evaluate=lambda loaders: evaluation.make_teacher_forced_evaluator(
-                        accelerator, loaders["validation"]),
-                    objective=loop.Objective("loss", greater_is_better=False), resume_path=resume_path,
-                    project_name=config.project_name, prepare_train_loader=not config.streaming)
+    # A stream is not sharded by accelerate: each process already reads its own share of it.
+    run = runtime.prepare(accelerator, config, model, train_loader, {"validation": eval_loader},
+                          shard_train_loader=not config.streaming)
+    state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
+                           streaming=config.streaming)
+    runtime.init_trackers(accelerator, config, config.project_name)
+    objective = loop.Objective("loss", greater_is_better=False)
+    state = loop.train(accelerator, config, run, state, objective=objective,
+                       evaluate=evaluation.make_teacher_forced_evaluator(accelerator, run.eval_loaders["validation"]),
+                       export=run_dir.exporter(accelerator, tokenizer, config.output_dir))
+    run_dir.export_final(accelerator, run.model, tokenizer, config.output_dir)
+    results = run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
+    runtime.close(accelerator)
+    return results
 
 
 def build_collator(config: PreTrainConfig, tokenizer):
@@ -146,14 +155,14 @@ def build_corpus(config: PreTrainConfig, tokenizer, chunk_length: int, accelerat
 def build_loaders(config: PreTrainConfig, train_data, eval_data, collator):
     """A training loader (shuffled per epoch, or the stream's own order) and a fixed validation loader."""
     if config.streaming:
-        order = {}
+        loader_class, order = corpus.StreamLoader, {}
     else:
+        loader_class = torch.utils.data.DataLoader
         # As in fine-tuning: an order that depends only on (seed, epoch), and a private generator.
         order = {"sampler": EpochShuffleSampler(len(train_data), config.seed),
                  "generator": torch.Generator().manual_seed(config.seed)}
-    train = torch.utils.data.DataLoader(train_data, batch_size=config.per_device_train_batch_size,
-                                        collate_fn=collator,
-                                        **data.loader_workers(config, not config.streaming), **order)
+    train = loader_class(train_data, batch_size=config.per_device_train_batch_size, collate_fn=collator,
+                         **data.loader_workers(config, not config.streaming), **order)
     evaluation_loader = torch.utils.data.DataLoader(eval_data, batch_size=config.per_device_eval_batch_size,
                                                     collate_fn=collator)
     return train, evaluation_loader

@@ -106,7 +106,7 @@ def fine_tune(args, tokenizer_dir: str, model_dir: str) -> str:
 
 def run_ours(job: dict) -> dict:
     import fine_tune_t5
-    from t5_training import data, evaluation, loop
+    from t5_training import data, evaluation, runtime
     from t5_training.config import parse_config
     from t5_training.modeling import load_tokenizer_and_model
     from t5_training.tasks import get_entry
@@ -121,7 +121,7 @@ def run_ours(job: dict) -> dict:
         "--mixed_precision", "no", "--seed", str(job["seed"]),
     ])
     entry = get_entry(config.benchmark, config.dataset_name)
-    accelerator = loop.build_accelerator(config)
+    accelerator = runtime.build_accelerator(config)
     decoding = evaluation.resolve_decoding(config.eval_decoding, entry, accelerator)
     tokenizer, model = load_tokenizer_and_model(config)
     task = data.build_task_data(entry, config, tokenizer, accelerator.print)

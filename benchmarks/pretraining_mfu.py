@@ -11,7 +11,7 @@ targets (data_collator_t5.compute_input_and_target_lengths), with no padding.
 
 One training step is what pre_train_t5.py runs: t5_training.step.train_step (forward_loss_sum,
 backward, gradient clipping, the project's AdamW step, t5_training.optim.build_optimizer with
---optim adamw_torch) under the project's Accelerator (loop.build_accelerator: fp32 on a CPU,
+--optim adamw_torch) under the project's Accelerator (runtime.build_accelerator: fp32 on a CPU,
 bf16 autocast on a GPU that has it).
 
 Model FLOPs per step, counted analytically (B sequences, S = 512 source and T = 114 target
@@ -68,7 +68,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 
 from data_collator_t5 import compute_input_and_target_lengths  # noqa: E402
-from t5_training import loop, reporting  # noqa: E402
+from t5_training import reporting, runtime  # noqa: E402
 from t5_training.config import TrainingConfig  # noqa: E402
 from t5_training.losses import forward_loss_sum  # noqa: E402
 from t5_training.optim import build_optimizer  # noqa: E402
@@ -348,8 +348,8 @@ def main(argv=None) -> dict:
     source = args.input_length
     run_config = TrainingConfig(output_dir=os.path.join(REPO, "runs", "pretraining_mfu_run"), optim="adamw_torch",
                                 learning_rate=1e-4, mixed_precision=args.mixed_precision)
-    accelerator = loop.build_accelerator(run_config)
-    precision = loop.resolve_mixed_precision(args.mixed_precision)
+    accelerator = runtime.build_accelerator(run_config)
+    precision = runtime.resolve_mixed_precision(args.mixed_precision)
     config = AutoConfig.from_pretrained(args.model_config, dropout_rate=0.0)
     model, optimizer = build(config, run_config, accelerator)
     parameters, attention = model.num_parameters(), model.config._attn_implementation

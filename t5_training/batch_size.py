@@ -66,7 +66,6 @@ def find_batch_size(accelerator: Accelerator, config: C, model: torch.nn.Module,
         return config
     factor = start // found
     accumulation = config.gradient_accumulation_steps * factor
-    accelerator.gradient_accumulation_steps = accumulation
     accelerator.print(f"--auto_find_batch_size: {start} rows per device do not fit; training with {found} rows and "
                       f"--gradient_accumulation_steps {accumulation}, the same global batch")
     return dataclasses.replace(config, per_device_train_batch_size=found, gradient_accumulation_steps=accumulation)

@@ -238,6 +238,17 @@ class PackedStream(torch.utils.data.IterableDataset):
                 return
 
 
+class StreamLoader(torch.utils.data.DataLoader):
+    """A DataLoader over a `PackedStream`, left unprepared by accelerate: the stream shards itself.
+
+    Its `set_epoch` reaches the stream, as a prepared loader's reaches its sampler, so that the
+    training loop treats both alike.
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+
 def take_chunks(stream: Iterable[dict], limit: int) -> datasets.Dataset:
     """The first `limit` chunks of a stream as an in-memory dataset (a fixed validation set)."""
     rows = [row for _, row in zip(range(limit), stream)]

@@ -22,7 +22,7 @@ from t5_training.errors import UsageError
 from t5_training.resume import batch_layout, global_batch
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
 from t5_training.table_files import read_table_file, scan_lines
-from t5_training.tasks import make_formatter, make_label_normalizer, required_columns
+from t5_training.tasks import kind_of, make_formatter, make_label_normalizer, required_columns
 
 # Batches are padded to their longest row, rounded up to this multiple on a GPU only: tensor
 # cores tile by 8, and fewer distinct shapes mean fewer kernel autotunes and compiled graphs.
@@ -74,8 +74,7 @@ def _canonical(entry: TaskEntry, ds: datasets.Dataset, split: str) -> datasets.D
     ds = ds.select_columns(list(required_columns(entry)))
     # Explicit features: without them, map casts the new labels back to the column's old type
     # when the rows come from a cache file (load_dataset), so label words became "0"/"1".
-    target_type = {"classification": "int64", "regression": "float64", "seq2seq": "string"}[entry.kind]
-    features = datasets.Features({**ds.features, entry.target: datasets.Value(target_type)})
+    features = datasets.Features({**ds.features, entry.target: datasets.Value(kind_of(entry).target_type)})
     return ds.map(make_label_normalizer(entry, f"{split} split"), batched=True, with_indices=True,
                   features=features, desc=f"checking {split} labels")
 
@@ -271,6 +270,14 @@ def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
         evals[split] = ds.select(sorted(range(len(ds)), key=lambda i: -lengths[i]))
     longest_target = max(max(len(ids) for ids in ds["labels"]) for ds in evals.values())
     return TaskData(train=tokenized[entry.train_split], evals=evals, max_target_tokens=longest_target)
+
+
+def in_row_order(split, column: str) -> list:
+    """An eval split's `column` in the rows' original order, undoing the longest-first sort above."""
+    values = [None] * len(split)
+    for i, value in zip(split["idx"], split[column]):
+        values[i] = value
+    return values
 
 
 def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int, num_processes: int = 1):

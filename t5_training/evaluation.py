@@ -16,10 +16,10 @@ from accelerate.utils import DistributedType
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput
 
-from t5_training.data import shift_right
+from t5_training.data import in_row_order, shift_right
 from t5_training.errors import UsageError
 from t5_training.losses import row_cross_entropy
-from t5_training.tasks import make_scorer, metric_key, target_text
+from t5_training.tasks import kind_of, make_scorer, metric_key, target_text
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,10 @@ def resolve_decoding(requested: str, entry, accelerator) -> str:
     """`--eval_decoding`: 'score' for classification (where it gives greedy's exact predictions), else 'generate'."""
     # Under ZeRO-3 every process must run the same forward passes, which generation already
     # arranges (synced_gpus) and the scorer's fallback to generation would not.
-    scorable = entry.kind == "classification" and not _is_zero3(accelerator)
+    closed = kind_of(entry).closed_label_set
+    scorable = closed and not _is_zero3(accelerator)
     if requested == "score" and not scorable:
-        why = "under ZeRO-3" if entry.kind == "classification" else f"for a {entry.kind} task"
+        why = "under ZeRO-3" if closed else f"for a {entry.kind} task"
         raise UsageError(f"--eval_decoding score scores label candidates, which does not work {why}; "
                          "use --eval_decoding generate (or auto)")
     if requested == "auto":
@@ -249,13 +250,7 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
     """
     score = make_scorer(entry, rouge_use_stemmer)
     # Reports list rows in their original order; the loaders see them sorted by length.
-    texts = {}
-    for split, ds in task.evals.items():
-        order = ds["idx"]
-        sources, targets = [None] * len(ds), [None] * len(ds)
-        for i, source, target in zip(order, ds["source"], ds["target"]):
-            sources[i], targets[i] = source, target
-        texts[split] = (sources, targets)
+    texts = {split: (in_row_order(ds, "source"), in_row_order(ds, "target")) for split, ds in task.evals.items()}
 
     candidates = label_candidates(entry, tokenizer, max_target_length) if decoding == "score" else None
     decoder = GreedyDecoder(accelerator, tokenizer, task.max_target_tokens, candidates)

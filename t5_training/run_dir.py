@@ -1,11 +1,13 @@
-"""Reading a run folder: the one reader of what a running or finished run wrote.
+"""The run folder (--output_dir): resuming into it, saving and exporting, results, and the one reader.
 
 A run writes, in its --output_dir:
   step-NNNNNN/train_state.json   per checkpoint: step, data position, per-step losses, evaluations
   best/, final/                  exports that from_pretrained loads
   train_results.json, eval_results.json   written when the run finishes, after final/
 
-The sweep runner, the demo, the benchmarks and the tests read runs through these functions,
+Writing: `resume` (before anything is written), `save` (a checkpoint, then rotation), `export`
+and `write_results`; `checkpoint` holds the mechanics of each file. Reading: the sweep runner,
+the demo, the benchmarks and the tests read runs through the read_* functions,
 so what "finished" and "newest checkpoint" mean is decided here once: only complete
 checkpoints count (checkpoint.list_checkpoints), and a run is finished when its export and both
 results files exist.
@@ -15,10 +17,110 @@ from __future__ import annotations
 import json
 import os
 
-from t5_training import checkpoint
+import torch
+
+from t5_training import agreement, checkpoint, reporting, resume as layouts
+from t5_training.errors import DivergedError
 
 RESULTS_FILES = {"train": "train_results.json", "eval": "eval_results.json"}
 
+
+# --- writing -------------------------------------------------------------------------------------
+
+def resume(accelerator, config, path: str | None, state, scheduler, *, streaming: bool = False):
+    """Loads checkpoint `path` (if any) into `state` and the scheduler, then opens the output folder.
+
+    Loading comes before the folder is touched: a checkpoint refused here leaves no trace. Each
+    process reads its own RNG file, so a damaged one fails on that process alone, and all agree.
+    `streaming` runs refuse another number of processes (resume.continue_with_layout).
+    """
+    if path:
+        agreement.on_every_process(accelerator, lambda: checkpoint.load_checkpoint(accelerator, path, state,
+                                                                                    scheduler))
+        layouts.continue_with_layout(accelerator, config, state, path, streaming=streaming)
+        accelerator.print(f"resumed from {path} at step {state.step}")
+    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(path))
+    return state
+
+
+def save(accelerator, config, model, scheduler, state) -> str:
+    """Checkpoints the run (never with non-finite weights) and rotates old checkpoints; returns the folder."""
+    ensure_finite_weights(model, f"step {state.step}")
+    path = checkpoint.save_checkpoint(accelerator, config.output_dir, state, scheduler)
+    if accelerator.is_main_process:
+        checkpoint.rotate_checkpoints(config.output_dir, config.save_total_limit, keep_step=state.best_step)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
+    """Raises DivergedError instead of letting NaN or inf weights reach a checkpoint or an export."""
+    # Under ZeRO-3 a parameter is an empty placeholder and this process's shard is `ds_tensor`.
+    shards = [getattr(p, "ds_tensor", p) for p in model.parameters()]
+    finite = torch.stack([torch.isfinite(t).all() for t in shards]).all()
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # Sharded weights (ZeRO-3, FSDP) differ between processes: all must take the same
+        # decision, or one would raise while the others wait in the next collective.
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        flag = finite.to(device=device, dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        finite = flag.bool()
+    if not bool(finite):
+        raise DivergedError(f"the weights are not finite at {where}, so they were not saved; the last saved "
+                            "checkpoint is intact. Lower --learning_rate, or use --mixed_precision bf16 over fp16")
+
+
+def exporter(accelerator, tokenizer, output_dir: str):
+    """`export(model, name)`: writes output_dir/<name>/ (model and tokenizer, from_pretrained-ready)."""
+    def export(model, name: str) -> None:
+        checkpoint.export_model(accelerator, model, tokenizer, os.path.join(output_dir, name))
+
+    return export
+
+
+def export_final(accelerator, model, tokenizer, output_dir: str) -> None:
+    """The trained model as output_dir/final/, once its weights are known to be finite."""
+    ensure_finite_weights(model, "the end of training")
+    exporter(accelerator, tokenizer, output_dir)(model, "final")
+
+
+def write_results(accelerator, config, state, objective, per_epoch: int) -> dict:
+    """Writes train_results.json, eval_results.json and loss_curve.png; prints the metric table.
+
+    Throughput counts time spent in optimizer steps only (not evaluation or saving), and
+    tokens are non-padding input plus target tokens over all processes. `per_epoch` is the
+    micro-batches per process per epoch (0 for a stream).
+    """
+    rows_per_epoch = per_epoch * layouts.micro_batch_rows(layouts.batch_layout(config, accelerator.num_processes))
+    seconds = max(state.train_seconds, 1e-9)
+    train_results = {
+        "train_loss": sum(state.losses) / len(state.losses) if state.losses else float("nan"),
+        "train_runtime": round(state.train_seconds, 3),
+        "train_samples_per_second": round(state.samples_seen / seconds, 3),
+        "train_tokens_per_second": round(state.tokens_seen / seconds, 3),
+        "train_steps": state.step,
+        # Non-padding input + target tokens: how much text the model has seen (over all processes).
+        "train_tokens": state.tokens_seen,
+        "train_samples": state.samples_seen,
+        "epoch": round(state.epoch + state.samples_in_epoch / rows_per_epoch, 4) if rows_per_epoch else None,
+    }
+    last_eval = {k: v for k, v in (state.evals[-1] if state.evals else {}).items() if k != "step"}
+    eval_results = {**last_eval, "best_metric": state.best_metric, "best_step": state.best_step,
+                    "metric_to_optimize": objective.metric}
+    if accelerator.is_main_process:
+        output_dir = config.output_dir
+        reporting.write_json(os.path.join(output_dir, RESULTS_FILES["train"]), train_results)
+        reporting.write_json(os.path.join(output_dir, RESULTS_FILES["eval"]), eval_results)
+        if state.losses:
+            reporting.save_loss_curves(os.path.join(output_dir, "loss_curve.png"),
+                                       {"training loss": {"train": state.losses}})
+        rows = [{"metric": k, "value": v} for k, v in last_eval.items()]
+        rows += [{"metric": k, "value": v} for k, v in train_results.items()]
+        accelerator.print(reporting.format_table(rows))
+    return {"train": train_results, "eval": eval_results}
+
+
+# --- reading -------------------------------------------------------------------------------------
 
 def read_state(run_dir: str, step: int | None = None) -> dict | None:
     """The train_state.json of checkpoint `step`, or of the newest complete checkpoint; None if there is none.

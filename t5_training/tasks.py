@@ -9,6 +9,7 @@ every metric counts as wrong.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from constants import DATASET_VALS, TaskEntry
@@ -34,6 +35,72 @@ def required_columns(entry: TaskEntry) -> tuple[str, ...]:
     return (*entry.inputs, entry.target)
 
 
+def _class_id(entry: TaskEntry, where: str, value, row: int) -> int:
+    # A CSV id column with an empty cell is read as floats (1.0, 0.0, None): take 1.0 as 1 so the
+    # error below names the empty row rather than the first one.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip() if value is not None else ""
+    if text in entry.label_words:
+        return entry.label_words.index(text)
+    try:
+        label = int(text)
+    except ValueError:
+        label = None
+    if label is None or not 0 <= label < len(entry.label_words):
+        allowed = ", ".join(f"{i} or {w!r}" for i, w in enumerate(entry.label_words))
+        raise UsageError(f"{where} row {row}: label {value!r} is not one of the label words ({allowed}); "
+                         "fix the row or the entry's label_words")
+    return label
+
+
+def _number(entry: TaskEntry, where: str, value, row: int) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if math.isnan(number):
+        raise UsageError(f"{where} row {row}: label {value!r} is not a number; fix or remove the row")
+    return number
+
+
+def _text(entry: TaskEntry, where: str, value, row: int) -> str:
+    text = "" if value is None else str(value).strip()
+    if not text:
+        raise UsageError(f"{where} row {row}: the {entry.target!r} column is empty; fix or remove the row")
+    return text
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one kind of task (an entry's `kind`) does at each stage: the one place kinds differ."""
+
+    target_type: str  # the arrow type of the canonical target column
+    # (entry, where, raw value, 1-based row) -> canonical label, or a UsageError naming the row
+    normalize: Callable[[TaskEntry, str, object, int], object]
+    # (entry, canonical label) -> the target text T5 trains on
+    target_text: Callable[[TaskEntry, object], str]
+    # entry -> (generated or target text -> the value metrics compare)
+    postprocessor: Callable[[TaskEntry], Callable[[str], object]]
+    # whether the answer is one of a closed set of label words, so evaluation can score them
+    closed_label_set: bool
+
+
+KINDS = {
+    # T5 writes <unk> for unlabelled rows (label -1, e.g. GLUE test sets).
+    "classification": Kind("int64", _class_id,
+                           lambda entry, label: entry.label_words[label] if label >= 0 else "<unk>",
+                           lambda entry: lambda text: metrics.label_to_id(text, entry.label_words), True),
+    "regression": Kind("float64", _number, lambda entry, label: metrics.stsb_target(label),
+                       lambda entry: metrics.string_to_float, False),
+    "seq2seq": Kind("string", _text, lambda entry, label: label, lambda entry: lambda text: text.strip(), False),
+}
+
+
+def kind_of(entry: TaskEntry) -> Kind:
+    return KINDS[entry.kind]
+
+
 def make_label_normalizer(entry: TaskEntry, where: str) -> Callable[[Batch], dict]:
     """Checks the target column of a batch and returns it in canonical form.
 
@@ -41,56 +108,17 @@ def make_label_normalizer(entry: TaskEntry, where: str) -> Callable[[Batch], dic
     labels floats, seq2seq targets stripped strings. Anything else is a UsageError naming the
     row (`where` says which file or split) and the values that would be accepted.
     """
-
-    def to_class_id(value, row: int) -> int:
-        # A CSV id column with an empty cell is read as floats (1.0, 0.0, None): take 1.0 as 1 so the
-        # error below names the empty row rather than the first one.
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        text = str(value).strip() if value is not None else ""
-        if text in entry.label_words:
-            return entry.label_words.index(text)
-        try:
-            label = int(text)
-        except ValueError:
-            label = None
-        if label is None or not 0 <= label < len(entry.label_words):
-            allowed = ", ".join(f"{i} or {w!r}" for i, w in enumerate(entry.label_words))
-            raise UsageError(f"{where} row {row}: label {value!r} is not one of the label words ({allowed}); "
-                             "fix the row or the entry's label_words")
-        return label
-
-    def to_float(value, row: int) -> float:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = math.nan
-        if math.isnan(number):
-            raise UsageError(f"{where} row {row}: label {value!r} is not a number; fix or remove the row")
-        return number
-
-    def to_text(value, row: int) -> str:
-        text = "" if value is None else str(value).strip()
-        if not text:
-            raise UsageError(f"{where} row {row}: the {entry.target!r} column is empty; fix or remove the row")
-        return text
-
-    convert = {"classification": to_class_id, "regression": to_float, "seq2seq": to_text}[entry.kind]
+    normalize_one = kind_of(entry).normalize
 
     def normalize(batch: Batch, indices: list[int]) -> dict:
-        return {entry.target: [convert(v, i + 1) for v, i in zip(batch[entry.target], indices)]}
+        return {entry.target: [normalize_one(entry, where, v, i + 1) for v, i in zip(batch[entry.target], indices)]}
 
     return normalize
 
 
 def target_text(entry: TaskEntry, label) -> str:
     """The target string T5 trains on for one canonical label."""
-    if entry.kind == "classification":
-        # T5 writes <unk> for unlabelled rows (label -1, e.g. GLUE test sets).
-        return entry.label_words[label] if label >= 0 else "<unk>"
-    if entry.kind == "regression":
-        return metrics.stsb_target(label)
-    return label
+    return kind_of(entry).target_text(entry, label)
 
 
 def make_formatter(entry: TaskEntry) -> Callable[[Batch], dict]:
@@ -112,11 +140,7 @@ def make_formatter(entry: TaskEntry) -> Callable[[Batch], dict]:
 
 def make_postprocessor(entry: TaskEntry) -> Callable[[str], object]:
     """Generated (or target) text -> the value metrics compare."""
-    if entry.kind == "classification":
-        return lambda text: metrics.label_to_id(text, entry.label_words)
-    if entry.kind == "regression":
-        return metrics.string_to_float
-    return lambda text: text.strip()
+    return kind_of(entry).postprocessor(entry)
 
 
 def make_scorer(entry: TaskEntry, rouge_use_stemmer: bool = False

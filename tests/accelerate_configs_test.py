@@ -19,7 +19,7 @@ import torch
 from torch.distributed.fsdp import ShardingStrategy, StateDictType
 import transformers
 
-from t5_training import loop, optim
+from t5_training import optim, runtime
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 from tests import fixtures
@@ -131,7 +131,7 @@ class ShippedFilesTest(parameterized.TestCase):
         args, _, _ = _launcher("fsdp.yaml", "--num_processes", "2", "--main_process_port", "0")
         with mock.patch.dict(os.environ, prepare_multi_gpu_env(args)):
             with self.assertRaisesRegex(UsageError, "FSDP needs GPUs.*deepspeed_zero3.yaml"):
-                loop.build_accelerator(TrainingConfig(output_dir="unused"))
+                runtime.build_accelerator(TrainingConfig(output_dir="unused"))
 
 
 class DeepSpeedJsonTest(parameterized.TestCase):

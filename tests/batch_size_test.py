@@ -45,7 +45,8 @@ class FindBatchSizeTest(absltest.TestCase):
         found = batch_size.find_batch_size(accelerator, config, model, self._make_batch(fits=5))
         # 12 -> 6 -> 4: the largest divisor of 12 that fits 5.
         self.assertEqual((found.per_device_train_batch_size, found.gradient_accumulation_steps), (4, 6))
-        self.assertEqual(accelerator.gradient_accumulation_steps, 6)
+        # The config is the one source of the accumulation: runtime.prepare passes it to accelerate.
+        self.assertEqual(accelerator.gradient_accumulation_steps, 2)
         self.assertEqual(config.per_device_train_batch_size, 12)  # a new config; the old one is untouched
         self.assertTrue(torch.equal(torch.get_rng_state(), before), "the probe drew from the global RNG")
         self.assertTrue(all(p.grad is None for p in model.parameters()))

@@ -1,10 +1,15 @@
-"""run_dir: the one reader of a run folder, on folders laid out as a run leaves them."""
+"""run_dir: saving into a run folder, and the one reader of it, on folders laid out as a run leaves them."""
 import json
 import os
+import tempfile
+from unittest import mock
 
+import torch
 from absl.testing import absltest
 
-from t5_training import checkpoint, run_dir
+from t5_training import checkpoint, loop, run_dir
+from t5_training.config import TrainingConfig
+from t5_training.errors import DivergedError
 from tests import fixtures
 
 
@@ -55,6 +60,18 @@ class RunDirTest(fixtures.TempDirTestCase):
         self.assertEqual(run_dir.read_results(self.dir), {"train": {"train_steps": 4}, "eval": {"accuracy": 81.0}})
         _write(os.path.join(self.dir, "train_results.json"), '{"train_steps": 4')  # half-written
         self.assertIsNone(run_dir.read_results(self.dir))
+
+
+class SaveTest(absltest.TestCase):
+    def test_non_finite_weights_are_never_saved(self):
+        model = torch.nn.Linear(2, 2)
+        run_dir.ensure_finite_weights(model, "here")
+        with torch.no_grad():
+            model.weight[0, 0] = float("inf")
+        with tempfile.TemporaryDirectory() as out:
+            with self.assertRaisesRegex(DivergedError, "not finite at step 3, so they were not saved"):
+                run_dir.save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
+            self.assertEqual(os.listdir(out), [])
 
 
 if __name__ == "__main__":

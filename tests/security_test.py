@@ -9,7 +9,7 @@ from unittest import mock
 from absl.testing import absltest
 
 import fine_tune_t5
-from t5_training import loop, modeling
+from t5_training import modeling, runtime
 from t5_training.config import REDACTED, ModelConfig, TrainingConfig, config_for_trackers
 from tests import fixtures
 
@@ -42,8 +42,9 @@ class NoPickleLoadingTest(absltest.TestCase):
 
     def test_scheduler_is_not_a_pickled_custom_object(self):
         # accelerate unpickles registered objects with weights_only=False; nothing may be registered.
-        with open(os.path.join(fixtures.REPO, "t5_training", "loop.py"), encoding="utf-8") as f:
-            self.assertNotIn("register_for_checkpointing", f.read())
+        for path in _project_sources():
+            with open(path, encoding="utf-8") as f:
+                self.assertNotIn("register_for_checkpointing", f.read(), path)
 
 
 class RemoteCodeTest(absltest.TestCase):
@@ -109,11 +110,11 @@ class TrackerSecretsTest(absltest.TestCase):
         accelerator = mock.Mock()
         config = TrainingConfig(report_to="tensorboard", run_name="x")
         with mock.patch.dict(os.environ, {"WANDB_API_KEY": "x" * 40}):
-            loop.init_trackers(accelerator, TrainingConfig(report_to="tensorboard", run_name="key-" + "x" * 40),
-                               "project")
+            runtime.init_trackers(accelerator, TrainingConfig(report_to="tensorboard", run_name="key-" + "x" * 40),
+                                  "project")
         sent = accelerator.init_trackers.call_args.kwargs["config"]
         self.assertEqual(sent["run_name"], REDACTED)
-        self.assertEqual(loop.config_for_trackers(config, environ={})["run_name"], "x")
+        self.assertEqual(config_for_trackers(config, environ={})["run_name"], "x")
 
 
 if __name__ == "__main__":

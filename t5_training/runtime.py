@@ -1,0 +1,170 @@
+"""Where a run executes: the Accelerator, the trackers, and everything `prepare` hands to the loop.
+
+`build_accelerator` picks the machine's setup (GPU or CPU, gloo, DeepSpeed on CPU, mixed
+precision); `prepare` builds the optimizer and schedule and lets accelerate wrap the model and
+loaders, returning them together as a `Prepared` run; `close` ends it on every process.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import (DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin,
+                              InitProcessGroupKwargs, TorchDynamoPlugin)
+
+from t5_training.config import TrainingConfig, config_for_trackers
+from t5_training.errors import UsageError
+from t5_training.modeling import model_summary
+from t5_training.optim import build_optimizer, build_scheduler
+
+
+def resolve_mixed_precision(requested: str) -> str:
+    """'auto' is bf16 where a GPU supports it and fp32 ('no') elsewhere: CPUs here lack bf16 units."""
+    if requested != "auto":
+        return requested
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def build_accelerator(config: TrainingConfig) -> Accelerator:
+    """An Accelerator for this machine: gloo and `cpu=True` when there is no GPU.
+
+    Under `accelerate launch` with a DeepSpeed config, DeepSpeed runs on the CPU itself; there
+    accelerate's `cpu=True` (or ACCELERATE_USE_CPU, which the Slurm scripts set on CPU nodes)
+    would silently drop DeepSpeed and train plain DDP, so it is turned off.
+    """
+    on_cpu = not torch.cuda.is_available()
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if on_cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        # accelerate enables FSDP only on GPU-like devices; on a CPU it would train plain DDP.
+        raise UsageError("FSDP needs GPUs (accelerate does not run it on CPUs); on CPUs shard with --config_file "
+                         "accelerate_configs/deepspeed_zero3.yaml, or train data-parallel with --multi_gpu")
+    if on_cpu:
+        # DeepSpeed otherwise probes for a GPU and warns on every import.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if deepspeed:
+            os.environ["ACCELERATE_USE_CPU"] = "false"
+    if torch.cuda.is_available():
+        # TF32 tensor cores for fp32 matmuls: about 8x the fp32 rate at a 10-bit mantissa,
+        # which training tolerates (the weights and their updates stay fp32).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    precision = resolve_mixed_precision(config.mixed_precision)
+    accelerator = Accelerator(
+        cpu=on_cpu and not deepspeed,
+        mixed_precision=precision,
+        # Windows are exact multiples of the accumulation steps (see loop.train), so accumulation
+        # never needs to follow the end of an epoch.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False, adjust_scheduler=False
+        ),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_dir=config.output_dir,
+        # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
+        dynamo_plugin=_dynamo_plugin(config),
+    )
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        # accelerate would fill "auto" with 1.0; DeepSpeed clips inside its engine, so this is
+        # where --max_grad_norm takes effect (0 turns clipping off, as without DeepSpeed).
+        if ds_config.get("gradient_clipping") == "auto":
+            ds_config["gradient_clipping"] = config.max_grad_norm
+    if precision == "fp16":
+        accelerator.print("warning: fp16 overflows in T5's feed-forward layers and tends to give NaN losses; "
+                          "prefer --mixed_precision bf16")
+    return accelerator
+
+
+def _dynamo_plugin(config: TrainingConfig) -> TorchDynamoPlugin | None:
+    """`--torch_compile`: accelerate compiles the model in `prepare` and unwraps it for saving."""
+    if not config.torch_compile:
+        return None
+    try:
+        # Padded lengths vary from batch to batch: compile for symbolic shapes at once rather
+        # than recompiling for every new length.
+        return TorchDynamoPlugin(backend=config.torch_compile_backend, dynamic=True)
+    except (ValueError, KeyError):
+        raise UsageError(f"--torch_compile_backend {config.torch_compile_backend!r} is not a torch.compile backend; "
+                         "use inductor (the default) or aot_eager") from None
+
+
+def _launched_distributed() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_trackers(accelerator: Accelerator, config: TrainingConfig, project: str) -> None:
+    if config.report_to != "none":
+        init_kwargs = {"wandb": {"name": config.run_name}} if config.run_name else {}
+        accelerator.init_trackers(project, config=config_for_trackers(config), init_kwargs=init_kwargs)
+
+
+def batches_per_epoch(loader) -> int:
+    """Micro-batches per epoch, or 0 for a stream that has no length."""
+    try:
+        return len(loader)
+    except TypeError:
+        return 0
+
+
+def total_train_steps(config: TrainingConfig, per_epoch: int) -> int:
+    """Optimizer steps in the run: --max_steps, or the epochs' micro-batches over accumulation."""
+    if config.max_steps > 0:
+        return config.max_steps
+    if not per_epoch:
+        raise UsageError("a streamed corpus has no length: set --max_steps")
+    return max(1, math.ceil(config.num_train_epochs * per_epoch / config.gradient_accumulation_steps))
+
+
+@dataclass
+class Prepared:
+    """What the loop trains: the wrapped model, its optimizer and schedule, the loaders, the run's length."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_loader: object
+    eval_loaders: dict
+    batches_per_epoch: int
+    total_steps: int
+
+
+def prepare(accelerator: Accelerator, config: TrainingConfig, model: torch.nn.Module, train_loader,
+            eval_loaders: dict, *, shard_train_loader: bool = True) -> Prepared:
+    """Builds the optimizer and schedule, and wraps model, optimizer and loaders for this setup.
+
+    `shard_train_loader=False` leaves the training loader as it is: a stream whose dataset
+    already gives each process its own share (pre_train_t5.py --streaming).
+    """
+    accelerator.print(model_summary(model))
+    # The config's accumulation is the one source: --auto_find_batch_size may have raised it
+    # since the Accelerator was built, and accelerate's own counter must follow.
+    accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
+    deepspeed_plugin = accelerator.state.deepspeed_plugin
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        # On the device before the optimizer is built, so that AdamW can use its fused GPU
+        # kernel; `prepare` would move it anyway. DeepSpeed and FSDP place shards themselves.
+        model.to(accelerator.device)
+    optimizer = build_optimizer(model, config, deepspeed_plugin.deepspeed_config if deepspeed_plugin else None)
+    to_prepare = [model, optimizer, *eval_loaders.values()] + ([train_loader] if shard_train_loader else [])
+    model, optimizer, *prepared = accelerator.prepare(*to_prepare)
+    if shard_train_loader:
+        train_loader = prepared.pop()
+    per_epoch = batches_per_epoch(train_loader)
+    total_steps = total_train_steps(config, per_epoch)
+    scheduler = build_scheduler(optimizer, config, total_steps)
+    return Prepared(model, optimizer, scheduler, train_loader, dict(zip(eval_loaders, prepared)), per_epoch,
+                    total_steps)
+
+
+def close(accelerator: Accelerator) -> None:
+    """Ends the trackers once every process has finished.
+
+    Every process reaches the end before the process group is destroyed: a gloo peer torn down
+    while another still holds the connection can abort at exit ("terminate called ...").
+    """
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
