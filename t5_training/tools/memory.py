@@ -20,7 +20,7 @@ once). Bytes per parameter, as accelerate and DeepSpeed hold them:
                  d_model**2 reduce bucket), 3 also the weights (plus the largest layer, gathered)
 
 Activations are what autograd saves for backward, followed op by op through transformers'
-modeling_t5.py (`t5_training.activation_memory`, which gives the bytes per token of each layer),
+modeling_t5.py (`t5_training.tools.activation_memory`, which gives the bytes per token of each layer),
 with the peak followed through the backward pass rather than summed.
 
 The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
@@ -42,7 +42,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from t5_training import activation_memory
+from t5_training.tools import activation_memory
 from t5_training.adafactor import factored_dims
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli

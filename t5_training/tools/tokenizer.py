@@ -23,8 +23,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast
 
-NUM_SENTINELS = 100
-SENTINELS = [f"<extra_id_{i}>" for i in range(NUM_SENTINELS)]
+from t5_training.modeling import NUM_SENTINELS
 
 
 def _lines(texts: Iterable[str]) -> Iterator[str]:
@@ -89,14 +88,6 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
     with open(os.path.join(output_dir, "spiece.model"), "wb") as f:
         f.write(model.getvalue())
     return AutoTokenizer.from_pretrained(output_dir)
-
-
-def has_sentinels(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """True iff "<extra_id_0>".."<extra_id_99>" are all in the vocab with distinct ids."""
-    # get_vocab() rather than convert_tokens_to_ids: the latter maps unknown tokens to unk silently.
-    vocab = tokenizer.get_vocab()
-    ids = [vocab.get(tok) for tok in SENTINELS]
-    return None not in ids and len(set(ids)) == NUM_SENTINELS
 
 
 def _read_texts(paths: list[str], text_column: str) -> Iterator[str]:

@@ -1,0 +1,8 @@
+"""Alias of `t5_training.tools.dataset_stats`, so that `python -m t5_training.dataset_stats` keeps its name."""
+import sys
+
+from t5_training.errors import run_cli
+from t5_training.tools.dataset_stats import main
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, sys.argv[1:]))
