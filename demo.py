@@ -35,7 +35,7 @@ from t5_training import data, reporting, run_dir
 from t5_training.config import parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.tasks import get_entry
-from t5_training.tokenizer import train_tokenizer
+from t5_training.tools.tokenizer import train_tokenizer
 
 TINY = "t5-tiny"  # configs/t5-tiny.json, found by name from a checkout or an installed wheel
 INITS = ("pretrained", "random init")

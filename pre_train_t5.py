@@ -24,7 +24,7 @@ from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConf
 from t5_training.samplers import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
-from t5_training.tokenizer import has_sentinels
+from t5_training.modeling import has_sentinels
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def prepare_tokenizer_and_model(work_dir: str, model_config: str, vocab_size: in
     import torch
 
     from t5_training.modeling import load_model, load_tokenizer
-    from t5_training.tokenizer import train_tokenizer
+    from t5_training.tools.tokenizer import train_tokenizer
 
     tokenizer_dir = os.path.join(work_dir, "tokenizer")
     model_dir = os.path.join(work_dir, "initial_model")

@@ -22,7 +22,7 @@ from _harness import TINY_CONFIG as TINY, WIKITEXT  # noqa: E402
 
 import pre_train_t5  # noqa: E402  (the repository root must be on the path first)
 from t5_training import reporting, run_dir  # noqa: E402
-from t5_training.tokenizer import train_tokenizer  # noqa: E402
+from t5_training.tools.tokenizer import train_tokenizer  # noqa: E402
 
 
 def schedule(optim: str, steps: int) -> list[str]:

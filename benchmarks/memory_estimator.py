@@ -127,7 +127,8 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from t5_training import losses, memory, optim
+    from t5_training import losses, optim
+    from t5_training.tools import memory
     from t5_training.config import TrainingConfig
 
     batch = _batch(job, model_config.vocab_size, device)
@@ -163,7 +164,7 @@ def measure(job: dict) -> dict:
     import torch
     import transformers
 
-    from t5_training import memory
+    from t5_training.tools import memory
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

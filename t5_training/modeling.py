@@ -13,6 +13,19 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from t5_training.errors import UsageError
 
 
+# Span corruption's sentinels, which pre_train_t5.py needs and `python -m t5_training.tokenizer` adds.
+NUM_SENTINELS = 100
+SENTINELS = [f"<extra_id_{i}>" for i in range(NUM_SENTINELS)]
+
+
+def has_sentinels(tokenizer) -> bool:
+    """True iff "<extra_id_0>".."<extra_id_99>" are all in the vocab with distinct ids."""
+    # get_vocab() rather than convert_tokens_to_ids: the latter maps unknown tokens to unk silently.
+    vocab = tokenizer.get_vocab()
+    ids = [vocab.get(tok) for tok in SENTINELS]
+    return None not in ids and len(set(ids)) == NUM_SENTINELS
+
+
 def load_tokenizer(name: str | None, trust_remote_code: bool = False):
     if not name:
         raise UsageError("no tokenizer: pass --tokenizer_name (a folder from `python -m t5_training.tokenizer` "

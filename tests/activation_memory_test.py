@@ -1,4 +1,4 @@
-"""Tests for t5_training.activation_memory: the tracer's saved bytes equal what autograd saves.
+"""Tests for t5_training.tools.activation_memory: the tracer's saved bytes equal what autograd saves.
 
 The ground truth walks the real autograd graph of a small T5 and sums the distinct storages its
 nodes save; the tracer must reproduce it byte for byte, across configurations.
@@ -7,7 +7,7 @@ import torch
 import transformers
 from absl.testing import absltest, parameterized
 
-from t5_training import activation_memory, memory
+from t5_training.tools import activation_memory, memory
 from t5_training.losses import token_cross_entropy_sum
 from tests.memory_test import _hand_config
 

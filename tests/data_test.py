@@ -15,7 +15,7 @@ import torch
 
 from tests import fixtures
 from t5_training import data, tasks
-from t5_training import tokenizer as tokenizer_lib
+from t5_training.tools import tokenizer as tokenizer_lib
 from t5_training.errors import UsageError
 
 DATA = fixtures.SHARED_DATA  # read in place, never copied into the project

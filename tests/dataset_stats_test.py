@@ -1,4 +1,4 @@
-"""Tests of t5_training.dataset_stats: exact numbers on files of known token lengths, the
+"""Tests of t5_training.tools.dataset_stats: exact numbers on files of known token lengths, the
 suggestion rule, the histogram, real SST-2, the PNG and JSON outputs, and bad input."""
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import os
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from t5_training import data, dataset_stats
+from t5_training import data
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
+from t5_training.tools import dataset_stats
 from tests.fixtures import SST2_DIR, TempDirTestCase, sst2_tokenizer_dir
 
 # With the SST-2 tokenizer, "sst2 sentence: the the ... the" (k words) is ▁s st 2 ▁sentence : ,

@@ -31,7 +31,7 @@ def sst2_sentences(limit: int = 20000) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def sst2_tokenizer_dir(vocab_size: int = 1000) -> str:
     """A T5 SentencePiece tokenizer trained on SST-2 sentences plus the label words."""
-    from t5_training.tokenizer import train_tokenizer
+    from t5_training.tools.tokenizer import train_tokenizer
 
     path = tempfile.mkdtemp(prefix="sst2-tokenizer-")
     train_tokenizer(sst2_sentences() + ["sst2 sentence: negative positive"] * 50, path, vocab_size=vocab_size)

@@ -1,4 +1,4 @@
-"""Tests for t5_training.memory: a case worked out by hand, and how ZeRO, freezing, checkpointing
+"""Tests for t5_training.tools.memory: a case worked out by hand, and how ZeRO, freezing, checkpointing
 and precision move each component. The activation tracer is tested in activation_memory_test.py."""
 
 import contextlib
@@ -12,7 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import transformers
 
-from t5_training import memory
+from t5_training.tools import memory
 from t5_training.errors import UsageError, run_cli
 from tests import fixtures
 

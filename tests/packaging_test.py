@@ -94,8 +94,9 @@ class WheelTest(absltest.TestCase):
         top_level = {os.path.basename(p) for p in glob.glob(os.path.join(fixtures.REPO, "*.py"))}
         self.assertTrue({"pre_train_t5.py", "data_collator_t5.py", "fine_tune_t5.py", "constants.py"} <= top_level)
         self.assertContainsSubset(top_level, self.names)
-        package = {f"t5_training/{os.path.basename(p)}" for p in glob.glob(os.path.join(fixtures.REPO, "t5_training",
-                                                                                         "*.py"))}
+        package = {os.path.relpath(p, fixtures.REPO).replace(os.sep, "/")
+                   for p in glob.glob(os.path.join(fixtures.REPO, "t5_training", "**", "*.py"), recursive=True)}
+        self.assertContainsSubset({"t5_training/tools/memory.py", "t5_training/tools/sweep/cli.py"}, package)
         self.assertContainsSubset(package, self.names)
 
     def test_every_model_config_ships_inside_the_package(self):
@@ -108,7 +109,7 @@ class WheelTest(absltest.TestCase):
         site = os.path.join(self.tmp.name, "site")
         zipfile.ZipFile(self.wheel).extractall(site)
         env = {**os.environ, "PYTHONPATH": site, "HF_HUB_OFFLINE": "1"}
-        probe = ("import data_collator_t5, pre_train_t5, fine_tune_t5, t5_training.dataset_stats\n"
+        probe = ("import data_collator_t5, pre_train_t5, fine_tune_t5, t5_training.tools.dataset_stats\n"
                  "from t5_training.modeling import resolve_config_name\n"
                  "print(pre_train_t5.__file__, data_collator_t5.__file__, resolve_config_name('t5-tiny'),\n"
                  "      resolve_config_name('configs/t5-base.json'), resolve_config_name('google/t5-v1_1-small'))")
@@ -120,6 +121,7 @@ class WheelTest(absltest.TestCase):
         self.assertTrue(out[3].endswith(os.path.join("t5_training", "configs", "t5-base.json")))
         self.assertEqual(out[4], "google/t5-v1_1-small")  # a hub name stays a hub name
         for command in (["-m", "t5_training.dataset_stats", "--help"], ["-m", "pre_train_t5", "--help"],
+                        ["-m", "t5_training.sweep", "--help"],
                         # its default --config_name is configs/t5-small.json, the checkout's path
                         ["-m", "t5_training.memory", "--batch_size", "1", "--source_length", "8",
                          "--target_length", "2"]):

@@ -16,7 +16,7 @@ from tests import fixtures
 
 def _project_sources() -> list[str]:
     files = glob.glob(os.path.join(fixtures.REPO, "*.py")) + glob.glob(os.path.join(fixtures.REPO, "t5_training",
-                                                                                    "*.py"))
+                                                                                    "**", "*.py"), recursive=True)
     files += glob.glob(os.path.join(fixtures.REPO, "benchmarks", "*.py"))
     return sorted(files)
 

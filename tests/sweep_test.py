@@ -1,4 +1,4 @@
-"""W&B sweep YAMLs (sweeps/) and the offline sweep runner (t5_training.sweep).
+"""W&B sweep YAMLs (sweeps/) and the offline sweep runner (t5_training.tools.sweep).
 
 Every shipped sweep is checked against W&B's own schema and against the code it drives: its
 parameters and command words are fine_tune_t5.py flags that parse, its metric is a key the run
@@ -24,14 +24,16 @@ from absl.testing.absltest import mock
 import fine_tune_t5
 from constants import DATASET_VALS
 from t5_training import checkpoint, tasks
-from t5_training import sweep as sweep_runner
 from t5_training.config import parse_config
 from t5_training.errors import EXIT_USAGE, run_cli
+from t5_training.tools.sweep import cli, command, engine, schema
+from t5_training.tools.sweep import config as runner_config
+from t5_training.tools.sweep import state as sweep_state
 from tests import fixtures
 
-sweeps = sweep_runner.sweeps  # W&B's engine, imported there without its pydantic warnings
+sweeps = engine.sweeps  # W&B's engine, imported there without its pydantic warnings
 if sweeps is None:
-    raise ImportError(f"tests/sweep_test.py needs W&B's sweeps package: {sweep_runner.INSTALL_SWEEPS}")
+    raise ImportError(f"tests/sweep_test.py needs W&B's sweeps package: {engine.INSTALL_SWEEPS}")
 SWEEPS_DIR = os.path.join(fixtures.REPO, "sweeps")
 GLUE = DATASET_VALS["glue"]
 FLAGS = {field.name for field in dataclasses.fields(fine_tune_t5.FineTuneConfig)}
@@ -59,13 +61,13 @@ class ShippedSweepsTest(parameterized.TestCase):
         sweep = load(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml"))
         self.assertEqual(sweeps.schema_violations_from_proposed_config(sweep), [])
         sweeps.SweepConfig(sweep)  # W&B's full validation, defaults filled in
-        self.assertEqual(sweep_runner.load_sweep(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml")), sweep)
+        self.assertEqual(schema.load_sweep(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml")), sweep)
 
         params = sweep["parameters"]
         self.assertContainsSubset(params, FLAGS)
         self.assertEqual((params["benchmark"], params["dataset_name"]), ({"value": "glue"}, {"value": task}))
         self.assertContainsSubset({"learning_rate", "lr_scheduler_type", "warmup_ratio"},
-                                  sweep_runner.searched(sweep))
+                                  schema.searched(sweep))
         self.assertEqual(params["learning_rate"]["distribution"], "log_uniform_values")
 
         entry = GLUE[task]
@@ -83,9 +85,9 @@ class ShippedSweepsTest(parameterized.TestCase):
     @parameterized.named_parameters((task, task) for task in GLUE)
     def test_agent_command_parses_as_fine_tune_flags(self, task):
         sweep = load(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml"))
-        trial = {"params": sweep_runner.propose(sweep, [], seed=0)}
+        trial = {"params": engine.propose(sweep, [], seed=0)}
         with mock.patch.dict(os.environ, {"SLURM_JOB_ID": "4242"}):
-            words = sweep_runner.trial_command(sweep, trial, "runs/x/trial-000", ())
+            words = command.trial_command(sweep, trial, "runs/x/trial-000", ())
         self.assertEqual(words[:3], ["accelerate", "launch", "fine_tune_t5.py"])
         runner_flags = ["--output_dir=runs/x/trial-000", "--overwrite_output_dir=true", "--resume_from_checkpoint=auto"]
         self.assertEqual(words[-3:], runner_flags)
@@ -97,7 +99,7 @@ class ShippedSweepsTest(parameterized.TestCase):
         self.assertIs(type(trial["params"]["learning_rate"]), float)  # not np.float64
         self.assertEqual(agent.learning_rate, trial["params"]["learning_rate"])
         # Every value a categorical parameter may take is accepted by the script.
-        for name in sweep_runner.searched(sweep):
+        for name in schema.searched(sweep):
             for value in sweep["parameters"][name].get("values", []):
                 self.assertEqual(getattr(parse_config(fine_tune_t5.FineTuneConfig, [f"--{name}={value}"]), name),
                                  value)
@@ -117,10 +119,10 @@ class SearchTest(parameterized.TestCase):
         random.seed(5), np.random.seed(5)
         expected = random.random(), np.random.random()
         random.seed(5), np.random.seed(5)
-        first = sweep_runner.propose(self.sweep, [], seed=3)
+        first = engine.propose(self.sweep, [], seed=3)
         self.assertEqual((random.random(), np.random.random()), expected)
-        self.assertEqual(sweep_runner.propose(self.sweep, [], seed=3), first)
-        self.assertNotEqual(sweep_runner.propose(self.sweep, [], seed=4), first)
+        self.assertEqual(engine.propose(self.sweep, [], seed=3), first)
+        self.assertNotEqual(engine.propose(self.sweep, [], seed=4), first)
         json.dumps(first)
 
     def test_hyperband_stops_a_trial_below_the_others_at_its_third_evaluation(self):
@@ -133,13 +135,13 @@ class SearchTest(parameterized.TestCase):
                   trial("c", "stopped", [52, 62, 72]), trial("behind", "running", [10, 20, 30]),
                   trial("ahead", "running", [60, 70, 80]), trial("early", "running", [1, 2])]
         # min_iter 3, eta 2: at the 3rd evaluation the bottom half is stopped; "early" has no band yet.
-        self.assertEqual([t["name"] for t in trials if sweep_runner.should_stop(self.sweep, trials, t["name"])],
+        self.assertEqual([t["name"] for t in trials if engine.should_stop(self.sweep, trials, t["name"])],
                          ["behind"])
 
 
 def _claim(output_dir, sweep_file, queue):
-    config = sweep_runner.RunnerConfig(sweep_file=sweep_file, output_dir=output_dir)
-    queue.put(sweep_runner.claim_trial(config, sweep_runner.load_sweep(sweep_file)))
+    config = runner_config.RunnerConfig(sweep_file=sweep_file, output_dir=output_dir)
+    queue.put(sweep_state.claim_trial(config, schema.load_sweep(sweep_file)))
 
 
 class SharedStateTest(fixtures.TempDirTestCase):
@@ -147,8 +149,8 @@ class SharedStateTest(fixtures.TempDirTestCase):
     def test_concurrent_runners_claim_distinct_trials_and_a_dead_runners_trial_is_resumed(self):
         sweep_file = os.path.join(SWEEPS_DIR, "glue_sst2.yaml")
         out = os.path.join(self.dir, "sweep")
-        config = sweep_runner.RunnerConfig(sweep_file=sweep_file, output_dir=out)
-        sweep_runner.start_sweep(config, load(sweep_file))
+        config = runner_config.RunnerConfig(sweep_file=sweep_file, output_dir=out)
+        sweep_state.start_sweep(config, load(sweep_file))
         # Four Slurm array tasks starting at once, as four processes on one lock.
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
@@ -161,7 +163,7 @@ class SharedStateTest(fixtures.TempDirTestCase):
         self.assertCountEqual([t["name"] for t in claimed], [f"trial-{i:03d}" for i in range(4)])
         self.assertLen({t["params"]["learning_rate"] for t in claimed}, 4)
         # Those runners are gone with their trials unfinished: the next runner resumes the first.
-        again = sweep_runner.claim_trial(config, load(sweep_file))
+        again = sweep_state.claim_trial(config, load(sweep_file))
         self.assertEqual((again["name"], again["starts"], again["params"]),
                          ("trial-000", 2, next(t for t in claimed if t["name"] == "trial-000")["params"]))
 
@@ -178,7 +180,7 @@ class UsageTest(fixtures.TempDirTestCase):
     def run_cli(self, *argv):
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = run_cli(sweep_runner.main, list(argv))
+            code = run_cli(cli.main, list(argv))
         return code, err.getvalue()
 
     @parameterized.named_parameters(
@@ -219,13 +221,13 @@ class UsageTest(fixtures.TempDirTestCase):
         out = os.path.join(self.dir, "out")
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            sweep_runner.main([os.path.join(SWEEPS_DIR, "glue_sst2.yaml"), "--output_dir", out, "--count", "10",
-                               "--parallel", "4", "--slurm", "--", "--data_dir", "data/SST-2"])
+            cli.main([os.path.join(SWEEPS_DIR, "glue_sst2.yaml"), "--output_dir", out, "--count", "10",
+                      "--parallel", "4", "--slurm", "--", "--data_dir", "data/SST-2"])
         script = os.path.relpath(os.path.join(fixtures.REPO, "slurm", "sweep_offline.sbatch"))
         self.assertEqual(printed.getvalue().split(), ["sbatch", "--array=0-9%4", script,
                                                       os.path.join(SWEEPS_DIR, "glue_sst2.yaml"), out, "--",
                                                       "--data_dir", "data/SST-2"])
-        with open(os.path.join(out, sweep_runner.STATE_FILE), encoding="utf-8") as f:
+        with open(os.path.join(out, sweep_state.STATE_FILE), encoding="utf-8") as f:
             self.assertEqual(json.load(f)["extra"], ["--data_dir", "data/SST-2"])
         self.assertEqual(subprocess.run(["bash", "-n", script]).returncode, 0)
 
@@ -258,8 +260,8 @@ class OfflineSweepTest(fixtures.TempDirTestCase):
         path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
         with mock.patch.dict(os.environ, {"PATH": path, "OMP_NUM_THREADS": "1"}), \
                 contextlib.redirect_stdout(io.StringIO()):
-            rows = sweep_runner.main([sweep_file, "--count", "2", "--output_dir", out, "--poll_seconds", "1",
-                                      "--", "--max_eval_samples", "24"])
+            rows = cli.main([sweep_file, "--count", "2", "--output_dir", out, "--poll_seconds", "1",
+                             "--", "--max_eval_samples", "24"])
             self.assertLen(rows, 2)
             task = subprocess.run(["bash", os.path.join("slurm", "sweep_offline.sbatch"), sweep_file, out, "--",
                                    "--max_eval_samples", "24"], cwd=fixtures.REPO, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Tests for t5_training.tokenizer (trains one small tokenizer on a tinyshakespeare slice)."""
+"""Tests for t5_training.tools.tokenizer (trains one small tokenizer on a tinyshakespeare slice)."""
 
 import contextlib
 import io
@@ -11,7 +11,8 @@ from absl.testing import absltest, parameterized
 import sentencepiece as spm
 from transformers import AutoTokenizer, T5TokenizerFast
 
-from t5_training import tokenizer as tokenizer_lib
+from t5_training import modeling
+from t5_training.tools import tokenizer as tokenizer_lib
 from tests import fixtures
 
 SHAKESPEARE = os.path.join(fixtures.SHARED_DATA, "tinyshakespeare", "input.txt")
@@ -58,7 +59,7 @@ class TokenizerTest(parameterized.TestCase):
 
     def test_pieces_match_sentencepiece_model(self):
         sp = spm.SentencePieceProcessor(model_file=os.path.join(self.out_dir, "spiece.model"))
-        self.assertEqual(sp.get_piece_size(), VOCAB_SIZE - tokenizer_lib.NUM_SENTINELS)
+        self.assertEqual(sp.get_piece_size(), VOCAB_SIZE - modeling.NUM_SENTINELS)
         for line in REAL_LINES:
             self.assertEqual(self.tok(line, add_special_tokens=False).input_ids, sp.encode(line))
 
@@ -97,10 +98,10 @@ class TokenizerTest(parameterized.TestCase):
         self.assertEqual(again.get_vocab(), self.tok.get_vocab())
 
     def test_has_sentinels(self):
-        self.assertTrue(tokenizer_lib.has_sentinels(self.tok))
+        self.assertTrue(modeling.has_sentinels(self.tok))
         vocab = [(self.tok.convert_ids_to_tokens(i), -float(i)) for i in range(VOCAB_SIZE - 100)]
-        self.assertFalse(tokenizer_lib.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=0)))
-        self.assertFalse(tokenizer_lib.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=10)))
+        self.assertFalse(modeling.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=0)))
+        self.assertFalse(modeling.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=10)))
 
     @parameterized.parameters([[]], [["", "  ", "\n"]])
     def test_empty_input_raises(self, texts):

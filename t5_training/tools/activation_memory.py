@@ -4,7 +4,7 @@
 modeling_t5.py (default SDPA attention) and the project's fp32 cross entropy run it, and records
 for each autograd node the storages it saves (deduplicated by storage) and the gradients that
 exist while backward runs it. `activation_profile` walks the nodes in backward order.
-`t5_training.memory` turns that into the activations term of its estimate, and
+`t5_training.tools.memory` turns that into the activations term of its estimate, and
 `tests/memory_test.py` checks the saved bytes against what autograd really saves.
 
 Per token of a layer, with everything trainable, fp32 and dropout > 0 on the CPU (d = d_model, i = num_heads *

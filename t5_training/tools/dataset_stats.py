@@ -1,0 +1,339 @@
+"""Token-length statistics of a task or a pretraining corpus, to choose max lengths before training.
+
+    python -m t5_training.dataset_stats --benchmark glue --dataset_name sst2 \
+        --data_dir ../shared/data/SST-2 --tokenizer_name t5-small --png runs/sst2_lengths.png
+    # your own rows, as fine_tune_t5.py takes them; only the dev split, first 1000 rows:
+    python -m t5_training.dataset_stats --train_file train.jsonl --validation_file dev.jsonl \
+        --benchmark seq2seq --dataset_name summarization --model_name_or_path t5-small --splits validation \
+        --max_samples 1000
+    # a pretraining corpus: document lengths and how many chunks they pack into
+    python -m t5_training.dataset_stats --corpus_file 'corpus/*.txt' --tokenizer_name runs/tok
+
+Rows are loaded, formatted and tokenized by the very functions fine_tune_t5.py uses
+(`data.load_splits`, `data.tokenize_split`), so the counts include the task prefix and EOS and
+are those of the text the model sees. Prints per split a report for sources and targets;
+`--json` and `--png` also write it as numbers and as histograms.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+
+from data_collator_t5 import compute_input_and_target_lengths
+from t5_training import corpus, data, reporting
+from t5_training.config import parse_config
+from t5_training.errors import UsageError, run_cli
+from t5_training.modeling import load_tokenizer
+from t5_training.tasks import get_entry
+
+PERCENTILES = (50, 90, 95, 99)
+HISTOGRAM_BINS = 10
+BAR_WIDTH = 40
+# Keeping every row whole costs little when the longest is this short (batches are padded only
+# to their own longest row); beyond it, the longest rows are outliers worth cutting.
+KEEP_ALL_UP_TO = 128
+# A round number that GPU batches are padded to anyway (data.GPU_PAD_MULTIPLE).
+SUGGESTION_MULTIPLE = data.GPU_PAD_MULTIPLE
+SUGGESTION_RULE = (f"the longest row if it has at most {KEEP_ALL_UP_TO} tokens, else p99; "
+                   f"rounded up to a multiple of {SUGGESTION_MULTIPLE}")
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """Flags of `python -m t5_training.dataset_stats`; the names are fine_tune_t5.py's and pre_train_t5.py's."""
+
+    benchmark: str = field(default="glue", metadata={"help": "A key of DATASET_VALS: glue, seq2seq, embedded."})
+    dataset_name: str = field(default="sst2", metadata={"help": "A task of the benchmark, e.g. sst2, mnli."})
+    data_dir: str | None = field(default=None, metadata={"help": "Folder with the task's original files."})
+    train_file: str | None = field(default=None, metadata={"help": "CSV/TSV/JSONL training rows."})
+    validation_file: str | None = field(default=None, metadata={"help": "CSV/TSV/JSONL evaluation rows."})
+    trust_remote_code: bool = False
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Defaults to --model_name_or_path."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Its tokenizer is used."})
+    max_source_length: int = field(default=512, metadata={"help": "The input length you plan to train with."})
+    max_target_length: int = field(default=64, metadata={"help": "The target length you plan to train with."})
+    max_samples: int | None = field(default=None, metadata={"help": "First N rows of each split; 0 means all."})
+    splits: list[str] | None = field(default=None, metadata={"help": "Splits to report; default: all of them."})
+    corpus_file: list[str] | None = field(default=None, metadata={"help": "Pretraining text/JSONL/parquet files "
+                                                                            "(globs) instead of a task."})
+    text_column: str = "text"
+    max_seq_length: int = field(default=512, metadata={"help": "Pretraining encoder input length."})
+    objective: Literal["span_corruption", "prefix_lm"] = "span_corruption"
+    noise_density: float = 0.15
+    eos_between_documents: bool = field(
+        default=False, metadata={"help": "Put an EOS after each document when packing. T5 packs documents end "
+                                         "to end (the default) and appends EOS after corruption only."})
+    mean_noise_span_length: float = 3.0
+    png: str | None = field(default=None, metadata={"help": "Write length histograms to this PNG."})
+    json: str | None = field(default=None, metadata={"help": "Write the statistics to this JSON file."})
+
+    def __post_init__(self):
+        if self.max_source_length < 2 or self.max_target_length < 2:
+            raise UsageError("--max_source_length and --max_target_length must be at least 2 (text + EOS)")
+        if (self.max_samples or 0) < 0:
+            raise UsageError(f"--max_samples must be >= 0 (0 or unset means every row), got {self.max_samples}")
+        if self.corpus_file and (self.data_dir or self.train_file or self.validation_file):
+            raise UsageError("--corpus_file reads a pretraining corpus: drop --data_dir/--train_file/"
+                             "--validation_file, or drop --corpus_file to inspect a task")
+        if self.max_seq_length < 8 or not 0 < self.noise_density < 1 or self.mean_noise_span_length < 1:
+            raise UsageError("--max_seq_length must be >= 8, --noise_density in (0, 1), "
+                             "--mean_noise_span_length >= 1")
+        for flag, path, suffix in (("--png", self.png, ".png"), ("--json", self.json, ".json")):
+            if path and not path.lower().endswith(suffix):
+                raise UsageError(f"{flag} {path!r} must end in {suffix}")
+            if path and not os.path.isdir(os.path.dirname(path) or "."):
+                raise UsageError(f"{flag} {path}: folder {os.path.dirname(path)!r} does not exist; create it first")
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Parses, loads the tokenizer, measures, prints the report and writes --json/--png; returns the stats."""
+    config = parse_config(StatsConfig, argv)
+    datasets.disable_progress_bars()
+    tokenizer = load_tokenizer(config.tokenizer_name or config.model_name_or_path, config.trust_remote_code)
+    stats = corpus_stats(config, tokenizer) if config.corpus_file else task_stats(config, tokenizer)
+    print(format_report(stats))
+    if config.json:
+        reporting.write_json(config.json, stats)
+    if config.png:
+        save_histograms(config.png, stats)
+    return stats
+
+
+def task_stats(config: StatsConfig, tokenizer) -> dict:
+    """Source and target lengths of each split, tokenized as fine-tuning tokenizes them."""
+    entry = get_entry(config.benchmark, config.dataset_name)
+    known = (entry.train_split, *entry.eval_splits)
+    for split in config.splits or ():
+        if split not in known:
+            raise UsageError(f"unknown --splits {split!r} for {config.benchmark}/{config.dataset_name}; "
+                             f"its splits: {', '.join(known)}")
+    raw = data.load_splits(entry, data_dir=config.data_dir, train_file=config.train_file,
+                           validation_file=config.validation_file, trust_remote_code=config.trust_remote_code)
+    for split in config.splits or ():
+        if split not in raw:
+            raise UsageError(f"no {split} split was loaded; pass the file for it "
+                             f"(--{'train' if split == entry.train_split else 'validation'}_file)")
+    splits = {}
+    for split in (s for s in known if s in raw and s in (config.splits or known)):
+        ds = raw[split]
+        if config.max_samples:
+            ds = ds.select(range(min(config.max_samples, len(ds))))
+        # No limit: untruncated lengths, from the function that tokenizes for training.
+        tokenized = data.tokenize_split(ds, entry, tokenizer, sys.maxsize, sys.maxsize).dataset
+        splits[split] = {
+            "source": length_stats(_lengths(tokenized, "input_ids"), config.max_source_length, "--max_source_length"),
+            "target": length_stats(_lengths(tokenized, "labels"), config.max_target_length, "--max_target_length"),
+        }
+    if config.train_file or config.validation_file:
+        where = ", ".join(f"{split} file {path}" for split, path in
+                          ((entry.train_split, config.train_file), (entry.eval_splits[0], config.validation_file)) if path)
+    elif config.data_dir or entry.package_corpus:
+        where = config.data_dir or f"the {entry.package_corpus.package} package"
+    else:
+        where = f"the hub ({entry.hub_path})"
+    return {
+        "title": f"{config.benchmark}/{config.dataset_name} from {where}",
+        "tokenizer": config.tokenizer_name or config.model_name_or_path,
+        "counted": "tokens of the formatted text, task prefix and EOS included, as fine_tune_t5.py tokenizes it",
+        "splits": splits,
+        "suggested": {column: max(s[column]["suggested_length"] for s in splits.values())
+                      for column in ("source", "target")},
+    }
+
+
+def corpus_stats(config: StatsConfig, tokenizer) -> dict:
+    """Document lengths of a pretraining corpus and the chunks pre_train_t5.py would pack them into."""
+    files = corpus.expand_files(config.corpus_file, "--corpus_file")
+    documents = corpus.load_documents(files, None, None, "train", config.text_column, streaming=False)
+    if config.max_samples:
+        documents = documents.select(range(min(config.max_samples, len(documents))))
+    tokenized = documents.map(lambda b: {"input_ids": corpus.tokenize_documents(b["text"], tokenizer,
+                                                                                            config.eos_between_documents)},
+                              batched=True, remove_columns=documents.column_names)
+    lengths = _lengths(tokenized, "input_ids")
+    if config.objective == "prefix_lm":
+        chunk, how = config.max_seq_length - 1, "prefix LM: split into input and target"
+    else:
+        chunk = compute_input_and_target_lengths(config.max_seq_length, config.noise_density,
+                                                 config.mean_noise_span_length)[0]
+        how = (f"span corruption at {config.noise_density:g} noise, mean span {config.mean_noise_span_length:g}: "
+               f"{config.max_seq_length} encoder tokens")
+    total = int(lengths.sum())
+    return {
+        "title": f"corpus {' '.join(config.corpus_file)}: {len(files)} file{'s' * (len(files) != 1)}",
+        "tokenizer": config.tokenizer_name or config.model_name_or_path,
+        "counted": "tokens of each document plus the EOS that separates packed documents",
+        "splits": {"corpus": {"document": length_stats(lengths, chunk, None)}},
+        "packing": {"chunk_length": chunk, "objective": how, "tokens": total, "chunks": total // chunk,
+                    "dropped_tokens": total % chunk},
+    }
+
+
+def _lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
+    # Arrow knows each list's length: no Python loop over the rows. The arrow format, not ds.data,
+    # so that rows left out by a select() are left out here too.
+    lengths = pc.list_value_length(ds.with_format("arrow")[column])
+    return lengths.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def length_stats(lengths: np.ndarray, max_length: int, flag: str | None) -> dict:
+    """Count, mean, percentiles, histogram and truncation at `max_length` of one column's token lengths.
+
+    pN is the smallest length that at least N% of rows fit in (numpy's inverted_cdf), so a max
+    length of pN truncates at most (100 - N)% of rows. `flag` names the max-length flag; with it
+    come a suggested length and what that would truncate.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    edges, counts = histogram(lengths)
+    stats = {
+        "rows": int(lengths.size),
+        "mean": float(lengths.mean()),
+        "min": int(lengths.min()),
+        **{f"p{q}": int(np.percentile(lengths, q, method="inverted_cdf")) for q in PERCENTILES},
+        "max": int(lengths.max()),
+        "flag": flag,
+        "max_length": max_length,
+        **_truncation(lengths, max_length, ""),
+        "histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+    }
+    if flag:
+        stats["suggested_length"] = suggest_length(lengths)
+        stats.update(_truncation(lengths, stats["suggested_length"], "suggested_"))
+    return stats
+
+
+def _truncation(lengths: np.ndarray, limit: int, prefix: str) -> dict:
+    # The rule of data.tokenize_split: a row is truncated when it has more tokens than the limit.
+    rows = int(np.count_nonzero(lengths > limit))
+    return {f"{prefix}truncated_rows": rows, f"{prefix}truncated_percent": 100.0 * rows / lengths.size}
+
+
+def suggest_length(lengths: np.ndarray) -> int:
+    """A max length for these rows; see SUGGESTION_RULE."""
+    longest = int(np.max(lengths))
+    length = longest if longest <= KEEP_ALL_UP_TO else int(np.percentile(lengths, 99, method="inverted_cdf"))
+    return -(-length // SUGGESTION_MULTIPLE) * SUGGESTION_MULTIPLE
+
+
+def histogram(lengths: np.ndarray, bins: int = HISTOGRAM_BINS) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, counts) of `bins` bins of equal integer width from the shortest row; fewer when the
+    lengths span too few values to fill them. Bin i holds lengths in [edges[i], edges[i + 1])."""
+    low, high = int(np.min(lengths)), int(np.max(lengths))
+    width = -(-(high - low + 1) // bins)
+    n = (high - low) // width + 1
+    counts = np.bincount((np.asarray(lengths) - low) // width, minlength=n)
+    return low + width * np.arange(n + 1), counts
+
+
+def format_report(stats: dict) -> str:
+    """The statistics as a plain-text report."""
+    lines = [f"{stats['title']}", f"tokenizer: {stats['tokenizer']}", f"counted: {stats['counted']}",
+             "pN: the smallest length that N% of rows fit in (so it truncates at most 100-N% of them)"]
+    if "suggested" in stats:
+        lines.append(f"suggested length: {SUGGESTION_RULE}")
+    for split, columns in stats["splits"].items():
+        rows = next(iter(columns.values()))["rows"]
+        lines += ["", f"== {split}: {rows:,} {'documents' if 'packing' in stats else 'rows'} =="]
+        for column, column_stats in columns.items():
+            lines += ["", *format_column(column, column_stats)]
+    if "packing" in stats:
+        p = stats["packing"]
+        lines += ["", f"packed for pretraining ({p['objective']}):",
+                  f"  {p['tokens']:,} tokens make {p['chunks']:,} chunks of {p['chunk_length']} tokens; "
+                  f"the last {p['dropped_tokens']:,} tokens are dropped"]
+    if "suggested" in stats:
+        lines += ["", "suggested for every split shown: "
+                      f"--max_source_length {stats['suggested']['source']} "
+                      f"--max_target_length {stats['suggested']['target']}"]
+    return "\n".join(lines)
+
+
+def format_column(column: str, s: dict) -> list[str]:
+    """One column's block: summary line, truncation, suggestion and text histogram."""
+    header = f"{column} ({s['flag']} {s['max_length']})" if s["flag"] else column
+    summary = "   ".join([f"mean {s['mean']:.1f}", f"min {s['min']}", *(f"p{q} {s[f'p{q}']}" for q in PERCENTILES),
+                          f"max {s['max']}"])
+    if s["flag"]:
+        cut = [f"truncated at {s['max_length']}: {_rows(s['truncated_rows'], s['truncated_percent'])}",
+               f"suggested {s['flag']} {s['suggested_length']}: truncates "
+               f"{_rows(s['suggested_truncated_rows'], s['suggested_truncated_percent'])}"]
+    else:
+        cut = [f"longer than one chunk ({s['max_length']} tokens): "
+               f"{_rows(s['truncated_rows'], s['truncated_percent'], 'documents')}, split across chunks"]
+    return [header, f"  {summary}", *(f"  {line}" for line in cut), *format_histogram(s["histogram"])]
+
+
+def format_histogram(hist: dict) -> list[str]:
+    """Rows per bin of token lengths, with a bar of '#' scaled to the largest bin (at least one
+    '#' for a bin with any row, so a lone long row stays visible)."""
+    edges, counts = hist["edges"], hist["counts"]
+    labels = [f"{lo}" if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])]
+    total, top = sum(counts), max(counts)
+    label_width, count_width = max(len("tokens"), *map(len, labels)), max(len("rows"), len(f"{top:,}"))
+    lines = [f"  {'tokens':>{label_width}}  {'rows':>{count_width}}  {'share':>7}"]
+    for label, count in zip(labels, counts):
+        bar = "#" * max(round(BAR_WIDTH * count / top), 1 if count else 0)
+        line = f"  {label:>{label_width}}  {count:>{count_width},}  {_percent(100 * count / total):>7}  {bar}"
+        lines.append(line.rstrip())
+    return lines
+
+
+def _rows(rows: int, percent: float, noun: str = "rows") -> str:
+    return f"{rows:,} {noun} ({_percent(percent)})"
+
+
+def _percent(value: float) -> str:
+    # "0.00%" would hide the one long row a user is looking for.
+    return "<0.01%" if 0 < value < 0.005 else f"{value:.2f}%"
+
+
+def save_histograms(path: str, stats: dict) -> None:
+    """One panel per split and column, with the planned and suggested max lengths; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on clusters and CI
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    splits = stats["splits"]
+    n_columns = max(len(columns) for columns in splits.values())
+    fig, axes = plt.subplots(len(splits), n_columns, figsize=(6 * n_columns, 3.2 * len(splits)), squeeze=False)
+    for row, (split, columns) in zip(axes, splits.items()):
+        for ax, (column, s) in zip(row, columns.items()):
+            ax.stairs(s["histogram"]["counts"], s["histogram"]["edges"], fill=True, alpha=0.7)
+            limits = {f"{s['flag'] or 'chunk'} {s['max_length']}": s["max_length"]}
+            if s["flag"]:
+                limits[f"suggested {s['suggested_length']}"] = s["suggested_length"]
+            right = max(s["histogram"]["edges"][-1], s.get("suggested_length", 0))
+            for (label, x), style in zip(limits.items(), ("--", ":")):
+                # A limit far beyond the data would squash the bars into one corner: name it instead.
+                if x <= 1.5 * right:
+                    ax.axvline(x, color="black", linestyle=style, label=label)
+                    right = max(right, x)
+                else:
+                    ax.plot([], [], " ", label=f"{label} (off the axis)")
+            ax.set_xlim(0, right * 1.05)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_title(f"{split} {column}: {s['rows']:,} rows, p99 {s['p99']}, max {s['max']}")
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("rows")
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    tmp = f"{path}.tmp"
+    try:
+        fig.savefig(tmp, format="png", dpi=100)
+        os.replace(tmp, path)  # a reader never sees half an image
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, sys.argv[1:]))

@@ -1,0 +1,311 @@
+"""How much memory one training step of a T5 model needs per device, before you launch it.
+
+    python -m t5_training.memory --config_name configs/t5-small.json --batch_size 8 \
+        --source_length 512 --target_length 114 --precision bf16 --optim adafactor
+    python -m t5_training.memory --config_name configs/t5-v1_1-base.json --batch_size 32 --source_length 568 \
+        --target_length 114 --precision bf16 --zero_stage 2 --world_size 8 --gradient_checkpointing --json
+
+The model is built on the `meta` device (no memory, exact parameter counts; tied weights count
+once). Bytes per parameter, as accelerate and DeepSpeed hold them:
+
+    weights      4 (fp32; bf16/fp16 autocast keeps fp32 weights); 2 under DeepSpeed 16-bit (ZeRO >= 1)
+    gradients    one per trainable parameter, in the weights' dtype; DDP (world_size > 1, ZeRO 0)
+                 adds its fp32 communication buckets, a second copy
+    optimizer    AdamW and adamw_scale 8 (two fp32 moments); T5's Adafactor (no first moment) 4 per
+                 row + column of tensors whose two largest dims are >= 128, 4 per element of the
+                 rest; adafactor_hf factors every matrix; DeepSpeed 16-bit adds a 4-byte fp32
+                 master copy, and hands the optimizer flat 1-D partitions, so Adafactor's second
+                 moment is no longer factored under ZeRO
+    ZeRO         stage 1 divides the optimizer state by world_size, 2 also the gradients (plus one
+                 d_model**2 reduce bucket), 3 also the weights (plus the largest layer, gathered)
+
+Activations are what autograd saves for backward, followed op by op through transformers'
+modeling_t5.py (`t5_training.tools.activation_memory`, which gives the bytes per token of each layer),
+with the peak followed through the backward pass rather than summed.
+
+The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
+that optim.py builds; per-tensor optimizers hold copies of the largest tensor (adamw_scale 3,
+T5's Adafactor 1, HF's 2); DeepSpeed's unfused client AdamW copies its partition (foreach on a
+GPU once, per tensor on a CPU twice). Not counted: the
+CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
+`benchmarks/memory_estimator.py` checks the total against measured memory.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import torch
+
+from t5_training.tools import activation_memory
+from t5_training.adafactor import factored_dims
+from t5_training.config import OPTIMIZERS, parse_config
+from t5_training.errors import UsageError, run_cli
+from t5_training.modeling import resolve_config_name
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+FROZEN = ("encoder", "decoder", "embeddings")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Flags of `python -m t5_training.memory`: the model, the batch and how it is trained."""
+
+    config_name: str = field(default="configs/t5-small.json", metadata={"help": "Model config: JSON file, "
+                                                                              "folder or hub name."})
+    batch_size: int = field(default=8, metadata={"help": "Per device (per_device_train_batch_size)."})
+    source_length: int = 512
+    target_length: int = 114
+    precision: Literal[PRECISIONS] = field(default="fp32", metadata={"help": "bf16/fp16: autocast, as "
+                                                                             "--mixed_precision does."})
+    optim: Literal[OPTIMIZERS] = "adamw_torch"
+    zero_stage: int = field(default=0, metadata={"help": "DeepSpeed ZeRO stage, 0 (none) to 3."})
+    world_size: int = field(default=1, metadata={"help": "Processes (GPUs) the run is spread over."})
+    gradient_checkpointing: bool = False
+    freeze_encoder: bool = False
+    freeze_decoder: bool = False
+    freeze_embeddings: bool = field(default=False, metadata={"help": "The shared token embedding (and an "
+                                                                     "untied lm_head)."})
+    device: Literal["cuda", "cpu"] = field(default="cuda", metadata={"help": "Kernels differ: dropout masks, "
+                                                                             "attention."})
+    padding: bool = field(default=True, metadata={"help": "Batches have padding (fine-tuning); false for packed "
+                                                          "pretraining batches."})
+    dropout_rate: float | None = field(default=None, metadata={"help": "Overrides the config's dropout."})
+    vocab_size: int | None = field(default=None, metadata={"help": "Overrides the config's (the scripts size "
+                                                                   "it to the tokenizer)."})
+    json: bool = field(default=False, metadata={"help": "Print a JSON object instead of the table."})
+
+    def __post_init__(self):
+        _check(self.batch_size, self.source_length, self.target_length, self.zero_stage, self.world_size,
+               self.frozen)
+        if self.dropout_rate is not None and not 0.0 <= self.dropout_rate < 1.0:
+            raise UsageError(f"--dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise UsageError(f"--vocab_size must be at least 1, got {self.vocab_size}")
+
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        return tuple(part for part in FROZEN if getattr(self, f"freeze_{part}"))
+
+
+def _check(batch_size, source_length, target_length, zero_stage, world_size, frozen) -> None:
+    for flag, value in (("batch_size", batch_size), ("source_length", source_length),
+                        ("target_length", target_length), ("world_size", world_size)):
+        if value < 1:
+            raise UsageError(f"--{flag} must be at least 1, got {value}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise UsageError(f"--zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if zero_stage and world_size == 1:
+        raise UsageError(f"--zero_stage {zero_stage} shards over processes, but --world_size is 1; "
+                         "pass --world_size N (the number of GPUs) or --zero_stage 0")
+    if set(frozen) >= set(FROZEN):
+        raise UsageError("nothing to train: every parameter is frozen; drop one of --freeze_encoder, "
+                         "--freeze_decoder, --freeze_embeddings")
+    unknown = set(frozen) - set(FROZEN)
+    if unknown:
+        raise UsageError(f"cannot freeze {sorted(unknown)}; choose from {list(FROZEN)}")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted bytes per device. Each component is its own maximum during the step; `total` is the
+    peak of their sum, reached at `peak_at` (less than the sum: gradients appear as activations go)."""
+
+    parameters: int
+    trainable_parameters: int
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    total: int
+    peak_at: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def part_of(name: str) -> str:
+    """The component a parameter belongs to: embeddings, encoder or decoder (as --freeze_* names them)."""
+    return "embeddings" if name in ("shared.weight", "lm_head.weight") else name.split(".")[0]
+
+
+def parameter_shapes(model_config) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape (tied weights once), from a model built on the meta device."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    with torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(model_config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def _optimizer_state(shapes: list[tuple[int, ...]], optim: str, flat: bool) -> int:
+    """Bytes of optimizer state for these trainable tensors (fp32)."""
+    if optim in ("adamw_torch", "adamw_scale"):
+        return 8 * sum(math.prod(s) for s in shapes)  # exp_avg and exp_avg_sq
+    if flat:
+        return 4 * sum(math.prod(s) for s in shapes)  # a 1-D partition: no factoring
+    total = 0
+    for shape in shapes:
+        # No first moment in either Adafactor. T5's factors a tensor only where its two largest
+        # dimensions are both >= 128 (a mean over each); HF's factors every matrix over its last two.
+        dims = factored_dims(torch.Size(shape)) if optim == "adafactor" else (
+            (len(shape) - 1, len(shape) - 2) if len(shape) >= 2 else None)
+        n = math.prod(shape)
+        total += 4 * (n // shape[dims[0]] + n // shape[dims[1]] if dims else n)
+    return total
+
+
+def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, partition: int) -> int:
+    """Bytes an optimizer step allocates beyond weights, gradients and state (measured on a CPU).
+
+    optim.py builds fused AdamW outside DeepSpeed: one kernel in place, nothing extra. DeepSpeed
+    drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
+    per tensor on a CPU (two). The per-tensor optimizers hold, at their peak, copies of the tensor
+    they are updating: adamw_scale three, T5's Adafactor one, HF's Adafactor two.
+    """
+    if optim == "adamw_torch":
+        if not zero_stage:
+            return 0
+        return 4 * partition * (1 if device == "cuda" else 2)
+    return 4 * largest * {"adamw_scale": 3, "adafactor": 1, "adafactor_hf": 2}[optim]
+
+
+def estimate(model_config, *, batch_size: int, source_length: int, target_length: int, precision: str = "fp32",
+             optim: str = "adamw_torch", zero_stage: int = 0, world_size: int = 1,
+             gradient_checkpointing: bool = False, frozen: Sequence[str] = (), device: str = "cuda",
+             padding: bool = True) -> MemoryEstimate:
+    """Peak memory per device of one training step (forward, backward, optimizer step) of a T5
+    model shaped by `model_config` (a transformers T5Config), as the module docstring describes."""
+    _check(batch_size, source_length, target_length, zero_stage, world_size, frozen)
+    if precision not in PRECISIONS or optim not in OPTIMIZERS or device not in ("cuda", "cpu"):
+        raise UsageError(f"precision, optim and device must be one of {PRECISIONS}, {OPTIMIZERS}, "
+                         f"('cuda', 'cpu'); got {precision!r}, {optim!r}, {device!r}")
+    pure16 = zero_stage > 0 and precision != "fp32"  # DeepSpeed runs the model itself in 16-bit
+    weight_bytes = 2 if pure16 else 4
+    trainable = {part: part not in frozen for part in FROZEN}
+    tape, stages = activation_memory.trace(
+        model_config, batch=batch_size, source=source_length, target=target_length, trainable=trainable,
+        device=device, precision=precision, pure16=pure16, checkpointing=gradient_checkpointing, padding=padding)
+    shapes = parameter_shapes(model_config)
+    tied = model_config.tie_word_embeddings
+    stage_of = {name: activation_memory.gradient_stage(name, stages, tied) for name in shapes}
+    learn = [name for name in shapes if trainable[part_of(name)]]
+    n_params, n_learn = sum(math.prod(s) for s in shapes.values()), sum(math.prod(shapes[n]) for n in learn)
+
+    shard = lambda n, stage: -(-n // world_size) if zero_stage >= stage else n  # noqa: E731
+    weights = shard(n_params * weight_bytes, 3)
+    if zero_stage == 3:  # the largest layer, gathered whole while it runs
+        per_stage = collections.Counter()
+        for name, shape in shapes.items():
+            per_stage[stage_of[name]] += math.prod(shape)
+        weights += max(per_stage.values()) * weight_bytes
+    grad_extra = 0
+    if zero_stage == 0 and world_size > 1:
+        grad_extra = n_learn * 4  # DDP's communication buckets, a second fp32 copy
+    elif zero_stage >= 2:
+        grad_extra = min(n_learn, model_config.d_model ** 2) * weight_bytes  # the reduce bucket
+    gradients = shard(n_learn * weight_bytes, 2) + grad_extra
+    optimizer_state = shard(_optimizer_state([shapes[n] for n in learn], optim, flat=zero_stage > 0)
+                            + (4 * n_learn if pure16 else 0), 1)  # DeepSpeed's fp32 master weights
+
+    largest = shard(n_learn, 1) if zero_stage else max(math.prod(shapes[n]) for n in learn)
+    step_temporaries = _step_temporaries(optim, device, zero_stage, largest, shard(n_learn, 1))
+    if pure16:
+        step_temporaries += 4 * shard(n_learn, 1)  # the fp32 gradient partition
+
+    # A stage's gradients appear as backward enters it (the stage of a parameter's last use).
+    grads_from = [0] * (len(stages) + 1)
+    for name in learn:
+        grads_from[stage_of[name]] += math.prod(shapes[name]) * weight_bytes
+    for s in reversed(range(len(stages))):
+        grads_from[s] += grads_from[s + 1]
+    profile = activation_memory.activation_profile(tape, stages)
+    backward = [(activations + shard(grads_from[s], 2) + grad_extra, s) for s, activations in profile]
+    peak, s = max(backward)
+    step = gradients + step_temporaries
+    return MemoryEstimate(
+        parameters=n_params, trainable_parameters=n_learn, weights=weights, gradients=gradients,
+        optimizer_state=optimizer_state, activations=max(activations for _, activations in profile),
+        total=weights + optimizer_state + max(peak, step),
+        peak_at=f"backward, {stages[s]}" if peak >= step else "optimizer step")
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def load_model_config(name: str, dropout_rate: float | None = None, vocab_size: int | None = None):
+    """A T5 config from a JSON file, a model folder or a hub name, with the overrides applied."""
+    from transformers import AutoConfig
+
+    overrides = {key: value for key, value in (("dropout_rate", dropout_rate), ("vocab_size", vocab_size))
+                 if value is not None}
+    try:
+        config = AutoConfig.from_pretrained(resolve_config_name(name), **overrides)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"could not load model config {name!r} ({str(err).splitlines()[0]}); pass a config "
+                         "JSON such as configs/t5-small.json, a model folder or a hub name") from None
+    if config.model_type not in ("t5", "mt5"):
+        raise UsageError(f"{name} is a {config.model_type!r} model; the estimator follows T5's code, so pass a "
+                         "T5 or mT5 config such as configs/t5-small.json")
+    return config
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def format_estimate(config: MemoryConfig, result: MemoryEstimate) -> str:
+    """The estimate as a table, with what each row holds."""
+    from t5_training.reporting import format_table
+
+    pure16 = config.zero_stage > 0 and config.precision != "fp32"
+    weight_dtype = "bf16/fp16 (DeepSpeed)" if pure16 else "fp32"
+    optimizer = {"adamw_torch": "AdamW: 2 fp32 moments", "adamw_scale": "AdamW (RMS-scaled): 2 fp32 moments",
+                 "adafactor": "T5's Adafactor: 2nd moment factored where both dims >= 128",
+                 "adafactor_hf": "HF's Adafactor: every matrix's 2nd moment factored"}[config.optim]
+    if config.optim.startswith("adafactor") and config.zero_stage:
+        optimizer = "Adafactor on flat ZeRO partitions: full 2nd moment"
+    zero = f", ZeRO-{config.zero_stage} over {config.world_size}" if config.zero_stage else (
+        f", DDP over {config.world_size}" if config.world_size > 1 else "")
+    rows = [
+        {"component": "weights", "per device": _size(result.weights), "holds": f"{weight_dtype}{zero}"},
+        {"component": "gradients", "per device": _size(result.gradients),
+         "holds": f"{weight_dtype}, trainable parameters" + (" + DDP buckets" if "DDP" in zero else "")},
+        {"component": "optimizer state", "per device": _size(result.optimizer_state),
+         "holds": optimizer + (" + fp32 master weights" if pure16 else "")},
+        {"component": "activations", "per device": _size(result.activations),
+         "holds": "saved for backward + backward workspace, incl. fp32 log-probs for the loss"
+                  + (" and 16-bit weight copies" if config.precision != "fp32" and not pure16 else "")},
+        {"component": "total (peak)", "per device": _size(result.total), "holds": f"at {result.peak_at}"},
+    ]
+    millions = f"{result.parameters / 1e6:.1f}M parameters ({result.trainable_parameters / 1e6:.1f}M trainable)"
+    head = (f"{config.config_name}: {millions}; batch {config.batch_size}, "
+            f"{config.source_length} -> {config.target_length} tokens, {config.precision}, {config.optim}{zero}"
+            f"{', gradient checkpointing' if config.gradient_checkpointing else ''}, {config.device}")
+    note = ("The total is the peak of the sum through the step (gradients appear as activations are freed). "
+            + ("Add about 0.5-1 GiB for the CUDA context and cached allocator blocks." if config.device == "cuda"
+               else ""))
+    return f"{head}\n{format_table(rows)}\n{note.strip()}"
+
+
+def main(argv: Sequence[str] | None = None) -> MemoryEstimate:
+    config = parse_config(MemoryConfig, argv)
+    model_config = load_model_config(config.config_name, config.dropout_rate, config.vocab_size)
+    result = estimate(model_config, batch_size=config.batch_size, source_length=config.source_length,
+                      target_length=config.target_length, precision=config.precision, optim=config.optim,
+                      zero_stage=config.zero_stage, world_size=config.world_size,
+                      gradient_checkpointing=config.gradient_checkpointing, frozen=config.frozen,
+                      device=config.device, padding=config.padding)
+    if config.json:
+        print(json.dumps({"inputs": dataclasses.asdict(config), "bytes": result.to_dict()}, indent=2))
+    else:
+        print(format_estimate(config, result))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""Train a T5-style SentencePiece tokenizer for from-scratch models.
+
+    python -m t5_training.tokenizer --train_file 'corpus/*.txt' [--train_file more.jsonl] \
+        --output_dir runs/tok --vocab_size 8000
+
+Layout matches the original T5 vocabulary: pad=0 "<pad>", eos=1 "</s>", unk=2 "<unk>", no bos,
+then the unigram pieces, then 100 sentinels with "<extra_id_0>" at the HIGHEST id (len - 1)
+down to "<extra_id_99>" (len - 100). `vocab_size` counts the sentinels too, so the model's
+embedding size is exactly `vocab_size`. The output dir loads with `AutoTokenizer.from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import itertools
+import json
+import os
+import tempfile
+from typing import Iterable, Iterator
+
+import sentencepiece as spm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast
+
+from t5_training.modeling import NUM_SENTINELS
+
+
+def _lines(texts: Iterable[str]) -> Iterator[str]:
+    # Split multi-line documents (e.g. jsonl paragraphs) so no "sentence" exceeds sentencepiece's
+    # length cap and gets dropped silently; blank lines carry no signal.
+    for text in texts:
+        for line in text.splitlines():
+            if line := line.strip():
+                yield line
+
+
+def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 8000, *,
+                    input_sentence_size: int = 1_000_000, seed: int = 0) -> PreTrainedTokenizerBase:
+    """Trains a unigram model of `vocab_size - 100` pieces, adds 100 sentinels, saves and reloads it.
+
+    `vocab_size` is the TOTAL size including the 100 sentinels. Returns the reloaded fast tokenizer.
+    """
+    if vocab_size <= NUM_SENTINELS + 3:
+        raise ValueError(f"vocab_size={vocab_size} must exceed {NUM_SENTINELS + 3} (100 sentinels + 3 specials)")
+    lines = _lines(texts)
+    first = next(lines, None)
+    if first is None:
+        raise ValueError("train_tokenizer got no text (every input line was empty); pass a non-empty corpus")
+    errors: list[BaseException] = []
+
+    def sentences() -> Iterator[str]:
+        # sentencepiece wraps exceptions from the iterator in an opaque RuntimeError; keep the original.
+        try:
+            yield from itertools.chain([first], lines)
+        except Exception as e:
+            errors.append(e)
+            raise
+
+    spm.set_random_generator_seed(seed)  # drives input sampling/shuffling -> deterministic output
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences(), model_writer=model, model_type="unigram",
+            vocab_size=vocab_size - NUM_SENTINELS, input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True, max_sentence_length=1 << 15,
+            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
+            # Fixed thread count: the EM sums are sharded per thread, so it must not vary by machine.
+            num_threads=16, minloglevel=2)
+    except RuntimeError as e:
+        if errors:
+            raise errors[0] from None
+        msg = str(e).strip().splitlines()[-1]
+        if "Vocabulary size too high" in msg:
+            raise ValueError(f"vocab_size={vocab_size} is too large for this corpus ({msg}); "
+                             f"the sentinels add {NUM_SENTINELS} on top, use a smaller vocab_size") from None
+        raise
+    os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        # T5TokenizerFast(vocab_file=...) silently ignores the file in transformers 5, and from_pretrained on
+        # output_dir could pick up a stale tokenizer.json; converting from a dir holding only spiece.model
+        # runs the library's own slow->fast conversion (precompiled normalizer, sentinels at the top ids).
+        with open(os.path.join(tmp, "spiece.model"), "wb") as f:
+            f.write(model.getvalue())
+        tokenizer = T5TokenizerFast.from_pretrained(tmp, extra_ids=NUM_SENTINELS)
+    tokenizer.save_pretrained(output_dir)
+    # save_pretrained in v5 writes only tokenizer.json/config; keep the raw model for sentencepiece users.
+    with open(os.path.join(output_dir, "spiece.model"), "wb") as f:
+        f.write(model.getvalue())
+    return AutoTokenizer.from_pretrained(output_dir)
+
+
+def _read_texts(paths: list[str], text_column: str) -> Iterator[str]:
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            if not path.endswith(".jsonl"):
+                yield from f
+                continue
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    record = json.loads(line)
+                    if text_column not in record:
+                        raise KeyError(f"{path}:{lineno} has no {text_column!r} field; set --text_column")
+                    yield record[text_column]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m t5_training.tokenizer", allow_abbrev=False,
+                                     description=__doc__.split("\n")[0])
+
+    def fail(msg: str) -> None:  # one line on stderr (no usage dump), exit status 2 like argparse
+        parser.exit(2, f"{parser.prog}: error: {msg}\n")
+
+    parser.add_argument("--train_file", action="append", required=True,
+                        help="Glob of .txt (one paragraph per line) or .jsonl files; repeatable.")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--vocab_size", type=int, default=8000, help="Total size INCLUDING the 100 sentinels.")
+    parser.add_argument("--text_column", default="text", help="Field holding the text in .jsonl files.")
+    parser.add_argument("--input_sentence_size", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite_output_dir", action="store_true")
+    args = parser.parse_args(argv)
+
+    paths: list[str] = []
+    for pattern in args.train_file:
+        matched = sorted(glob.glob(pattern))
+        if not matched:
+            fail(f"--train_file {pattern!r} matched no files; fix the path (quote globs for the shell)")
+        paths.extend(matched)
+    if os.path.isdir(args.output_dir) and os.listdir(args.output_dir) and not args.overwrite_output_dir:
+        fail(f"--output_dir {args.output_dir} is not empty; pass --overwrite_output_dir or pick a new dir")
+    tokenizer = train_tokenizer(_read_texts(paths, args.text_column), args.output_dir, args.vocab_size,
+                                input_sentence_size=args.input_sentence_size, seed=args.seed)
+    print(f"Trained tokenizer with vocab size {len(tokenizer)} (incl. {NUM_SENTINELS} sentinels), "
+          f"saved to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()
