@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 
-def _span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
+def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
     """(num_noise, num_nonnoise, num_spans) for a chunk of `length` tokens, as T5 computes them."""
     # Python's round (half to even) on float64, as T5's random_spans_helper; both counts stay
     # positive so neither side of the interleaving is empty.
@@ -35,7 +35,7 @@ def _span_counts(length: int, noise_density: float, mean_noise_span_length: floa
 
 
 def _corrupted_lengths(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
-    num_noise, num_nonnoise, num_spans = _span_counts(length, noise_density, mean_noise_span_length)
+    num_noise, num_nonnoise, num_spans = span_counts(length, noise_density, mean_noise_span_length)
     return num_nonnoise + num_spans + 1, num_noise + num_spans + 1  # +1: EOS
 
 
@@ -73,7 +73,7 @@ def _random_segmentation(rng: np.random.Generator, batch_size: int, num_items: i
 def random_spans_noise_mask(batch_size: int, length: int, noise_density: float,
                             mean_noise_span_length: float, rng: np.random.Generator) -> np.ndarray:
     """Bool (batch_size, length) T5 noise masks: exact noise/span counts, all masks equally likely."""
-    num_noise, num_nonnoise, num_spans = _span_counts(length, noise_density, mean_noise_span_length)
+    num_noise, num_nonnoise, num_spans = span_counts(length, noise_density, mean_noise_span_length)
     noise_lengths = _random_segmentation(rng, batch_size, num_noise, num_spans)
     nonnoise_lengths = _random_segmentation(rng, batch_size, num_nonnoise, num_spans)
     # Non-noise first, so every mask starts with kept text and (as in T5) ends with a noise span.
@@ -160,7 +160,7 @@ class DataCollatorForT5MLM:
         if num_sentinels is not None and len(sentinels) < num_sentinels:
             raise ValueError(f"num_sentinels={num_sentinels} but the tokenizer only has <extra_id_0>.."
                              f"<extra_id_{len(sentinels) - 1}>")
-        self.num_spans = _span_counts(self.raw_length, noise_density, mean_noise_span_length)[2]
+        self.num_spans = span_counts(self.raw_length, noise_density, mean_noise_span_length)[2]
         if len(sentinels) < self.num_spans:
             raise ValueError(f"chunks of {self.raw_length} tokens get {self.num_spans} noise spans, but only "
                              f"{len(sentinels)} sentinels (<extra_id_0>..<extra_id_{len(sentinels) - 1}>) "

@@ -54,7 +54,7 @@ class PreemptionHandler:
             self._announce(f"{self.received} received: stopping after this step and saving a checkpoint")
 
 
-def _parse_kill_at(value: str | None) -> tuple[str, int, int | None] | None:
+def parse_kill_at(value: str | None) -> tuple[str, int, int | None] | None:
     if not value:
         return None
     site, step, *micro = value.split(":")
@@ -63,7 +63,7 @@ def _parse_kill_at(value: str | None) -> tuple[str, int, int | None] | None:
     return site, int(step), int(micro[0]) if micro else None
 
 
-_KILL_AT = _parse_kill_at(os.environ.get(KILL_ENV))
+_KILL_AT = parse_kill_at(os.environ.get(KILL_ENV))
 
 
 def kill_point(site: str, step: int, micro: int | None = None) -> None:

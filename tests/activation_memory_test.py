@@ -7,16 +7,16 @@ import torch
 import transformers
 from absl.testing import absltest, parameterized
 
-from t5_training.tools import activation_memory, memory
 from t5_training.losses import token_cross_entropy_sum
-from tests.memory_test import _hand_config
+from t5_training.tools import activation_memory, memory
+from tests import fixtures
 
 
 class FormulaTest(absltest.TestCase):
 
     def test_encoder_layer_formula_of_the_docstring(self):
         # Per token of an encoder layer: 4 * (8d + 2 + 4i + 3f) + 12 * H * L, here with L = source.
-        cfg = _hand_config(num_layers=3)
+        cfg = fixtures.tiny_t5_config(num_layers=3)
         tape, stages = activation_memory.trace(cfg, batch=2, source=6, target=3,
                                                trainable=dict.fromkeys(memory.FROZEN, True), device="cpu",
                                                precision="fp32", pure16=False, checkpointing=False, padding=False)
@@ -59,7 +59,7 @@ class TracerMatchesAutogradTest(parameterized.TestCase):
         ("frozen_encoder_and_embeddings_bf16", {}, {"frozen": ("encoder", "embeddings"), "precision": "bf16"}),
     )
     def test_saved_bytes_on_cpu(self, config_overrides, options):
-        cfg = _hand_config(d_ff=40, d_kv=8, num_heads=3, num_layers=2, num_decoder_layers=2, **config_overrides)
+        cfg = fixtures.tiny_t5_config(d_ff=40, d_kv=8, num_heads=3, num_layers=2, num_decoder_layers=2, **config_overrides)
         precision, pure16 = options.get("precision", "fp32"), options.get("pure16", False)
         frozen, padding = options.get("frozen", ()), options.get("padding", False)
         torch.manual_seed(0)

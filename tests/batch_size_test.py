@@ -7,11 +7,11 @@ import tempfile
 import torch
 from absl.testing import absltest
 
-from t5_training import batch_size
+import fine_tune_t5
+from t5_training import batch_size, run_dir
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 from tests import fixtures
-from tests.loop_test import _losses, _run
 
 
 def _tiny_model():
@@ -67,9 +67,10 @@ class FindBatchSizeTest(absltest.TestCase):
 
     def test_run_with_the_flag_equals_run_without_when_the_batch_fits(self):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            _run(a, "--max_steps", "3", "--save_steps", "3")
-            _run(b, "--max_steps", "3", "--save_steps", "3", "--auto_find_batch_size")
-            self.assertEqual(_losses(a), _losses(b))
+            fine_tune_t5.main(fixtures.fine_tune_args(a, "--max_steps", "3", "--save_steps", "3"))
+            fine_tune_t5.main(fixtures.fine_tune_args(b, "--max_steps", "3", "--save_steps", "3",
+                                                      "--auto_find_batch_size"))
+            self.assertEqual(run_dir.read_losses(a), run_dir.read_losses(b))
 
 
 if __name__ == "__main__":

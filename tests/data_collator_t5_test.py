@@ -179,7 +179,7 @@ class DataCollatorT5Test(parameterized.TestCase):
         ("tiny_mean", 0.1, 100.0, 20, 1),
     )
     def test_noise_mask_counts_golden(self, density, mean_span, num_noise, num_spans):
-        self.assertEqual(dc._span_counts(200, density, mean_span), (num_noise, 200 - num_noise, num_spans))
+        self.assertEqual(dc.span_counts(200, density, mean_span), (num_noise, 200 - num_noise, num_spans))
         mask = dc.random_spans_noise_mask(500, 200, density, mean_span, np.random.default_rng(1))
         self.assertTrue(np.all(mask.sum(1) == num_noise))
         self.assertTrue(all(_noise_spans(row) == num_spans for row in mask))

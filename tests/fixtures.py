@@ -89,3 +89,13 @@ def tensorboard_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
                 for key in accumulator.Tags()["scalars"]:
                     scalars.setdefault(key, []).extend((e.step, e.value) for e in accumulator.Scalars(key))
     return {key: sorted(values) for key, values in scalars.items()}
+
+
+def tiny_t5_config(**overrides):
+    """A T5Config small enough to count its tensors by hand (memory and activation tests)."""
+    import transformers
+
+    values = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
+                  relative_attention_num_buckets=4, dropout_rate=0.1, feed_forward_proj="relu",
+                  tie_word_embeddings=True)
+    return transformers.T5Config(**{**values, **overrides})

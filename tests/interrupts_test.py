@@ -45,7 +45,7 @@ class PreemptedRunTest(fixtures.TempDirTestCase):
                                             "--logging_steps", "1", "--max_eval_samples", "8")]
         log_path = os.path.join(self.dir, "stderr.txt")
         with open(log_path, "w") as log:
-            process = subprocess.Popen(command, cwd=fixtures.REPO, env=kill_harness._env(None),
+            process = subprocess.Popen(command, cwd=fixtures.REPO, env=kill_harness.run_env(None),
                                        stdout=subprocess.PIPE, stderr=log, text=True)
             self._wait_until_training(process, log_path)
             process.send_signal(getattr(signal, name))
@@ -65,7 +65,7 @@ class PreemptedRunTest(fixtures.TempDirTestCase):
         self.assertFalse(os.path.exists(os.path.join(out, "final")))
 
         resumed = subprocess.run(command + ["--resume_from_checkpoint", "auto"], cwd=fixtures.REPO,
-                                 env=kill_harness._env(None), capture_output=True, text=True, timeout=300)
+                                 env=kill_harness.run_env(None), capture_output=True, text=True, timeout=300)
         self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
         self.assertIn(f"resumed from {saved} at step {step}", resumed.stdout)
         self.assertTrue(os.path.isdir(os.path.join(out, "final")))
@@ -94,12 +94,12 @@ class KillPointTest(parameterized.TestCase):
         (None, None),
     )
     def test_parse(self, value, expected):
-        self.assertEqual(interrupts._parse_kill_at(value), expected)
+        self.assertEqual(interrupts.parse_kill_at(value), expected)
 
     @parameterized.parameters("micro:5", "eval:8:1", "train:3", "save:x")
     def test_malformed_is_refused(self, value):
         with self.assertRaises(ValueError):
-            interrupts._parse_kill_at(value)
+            interrupts.parse_kill_at(value)
 
 
 if __name__ == "__main__":

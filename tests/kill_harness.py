@@ -94,7 +94,7 @@ def _drop_flag(args: list[str], flag: str) -> list[str]:
     return args[:i] + args[i + 2:]
 
 
-def _env(kill_at: str | None) -> dict:
+def run_env(kill_at: str | None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("T5_TRAINING_KILL_AT", None)
@@ -104,7 +104,7 @@ def _env(kill_at: str | None) -> dict:
 
 
 def run(command: list[str], kill_at: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=REPO, env=_env(kill_at), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=REPO, env=run_env(kill_at), capture_output=True, text=True, timeout=timeout)
 
 
 @dataclasses.dataclass

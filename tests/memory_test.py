@@ -17,13 +17,6 @@ from t5_training.errors import UsageError, run_cli
 from tests import fixtures
 
 
-def _hand_config(**overrides):
-    values = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
-                  relative_attention_num_buckets=4, dropout_rate=0.1, feed_forward_proj="relu",
-                  tie_word_embeddings=True)
-    return transformers.T5Config(**{**values, **overrides})
-
-
 def _small_config(**overrides):
     return transformers.T5Config.from_pretrained(os.path.join(fixtures.REPO, "configs", "t5-small.json"), **overrides)
 
@@ -60,7 +53,7 @@ class HandComputedTest(absltest.TestCase):
         #   In the encoder every gradient exists (6432) but at most 10272 bytes of activations: 16704.
         # Optimizer step (fused AdamW, in place): the gradients, 6432, less.
         # Total 6432 + 12864 + 22793 = 42089.
-        result = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, device="cpu",
+        result = memory.estimate(fixtures.tiny_t5_config(), batch_size=2, source_length=6, target_length=3, device="cpu",
                                  padding=False)
         self.assertEqual(result, memory.MemoryEstimate(
             parameters=1608, trainable_parameters=1608, weights=6432, gradients=6432, optimizer_state=12864,
@@ -70,14 +63,14 @@ class HandComputedTest(absltest.TestCase):
         # HF's Adafactor factors every matrix (out, in): row + column each, the whole of each vector,
         # 4 bytes each: shared 32+8 = 40; encoder q,k,v,o 4*16, bias 4+2, wi 16+8, wo 8+16, norms
         # 2*8: 134; decoder 64 + 6 + 64 + 48 + 3*8 = 206; final norms 16.   4 * (40 + 134 + 206 + 16) = 1584.
-        hf = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor_hf")
+        hf = memory.estimate(fixtures.tiny_t5_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor_hf")
         self.assertEqual(hf.optimizer_state, 1584)
         # T5's factors only where both of the two largest dims are >= 128: none here, so one fp32
         # value per parameter.
-        t5 = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor")
+        t5 = memory.estimate(fixtures.tiny_t5_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor")
         self.assertEqual(t5.optimizer_state, 4 * 1608)
         # Under ZeRO the optimizer sees flat 1-D partitions: one fp32 value per parameter, sharded.
-        zero = memory.estimate(_hand_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor",
+        zero = memory.estimate(fixtures.tiny_t5_config(), batch_size=2, source_length=6, target_length=3, optim="adafactor",
                                zero_stage=1, world_size=2)
         self.assertEqual(zero.optimizer_state, 4 * 1608 // 2)
 
@@ -193,7 +186,7 @@ class BadInputTest(parameterized.TestCase):
     )
     def test_estimate_raises_usage_error(self, options, message):
         with self.assertRaisesRegex(UsageError, message):
-            memory.estimate(_hand_config(), **{**dict(batch_size=2, source_length=6, target_length=3), **options})
+            memory.estimate(fixtures.tiny_t5_config(), **{**dict(batch_size=2, source_length=6, target_length=3), **options})
 
     @parameterized.named_parameters(
         ("missing_config", ["--config_name", "configs/t5-nope.json"], "could not load model config"),

@@ -164,36 +164,55 @@ class Tape:
 
 
 def trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, bool], device: str, precision: str,
-           pure16: bool, checkpointing: bool, padding: bool) -> tuple[Tape, list[str]]:
+          pure16: bool, checkpointing: bool, padding: bool) -> tuple[Tape, list[str]]:
     """One training forward of T5ForConditionalGeneration plus the project's fp32 cross entropy
     (`losses.token_cross_entropy_sum`), stage by stage in the order backward undoes them."""
     tape = Tape(device=device, precision=precision, pure16=pure16, dropout=cfg.dropout_rate,
-                 checkpointing=checkpointing)
-    d, inner, d_ff, heads, vocab = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff, cfg.num_heads, cfg.vocab_size
-    matmul_bytes = 4 if precision == "fp32" else 2
-    stages: list[str] = []
+                checkpointing=checkpointing)
+    forward = _Forward(cfg, tape, batch=batch, source=source, target=target, trainable=trainable,
+                       checkpointing=checkpointing, padding=padding, matmul_bytes=4 if precision == "fp32" else 2)
+    encoded = forward.encoder()
+    y = forward.decoder(encoded)
+    forward.head_and_loss(y)
+    return tape, forward.stages
 
-    def begin(name: str) -> None:
-        tape.stage = len(stages)
-        stages.append(name)
 
-    def embed(tokens: int) -> _T:
+class _Forward:
+    """The stages of one T5 forward, recorded on a Tape: embeddings, blocks, final norms, head, loss."""
+
+    def __init__(self, cfg, tape: Tape, *, batch: int, source: int, target: int, trainable: dict[str, bool],
+                 checkpointing: bool, padding: bool, matmul_bytes: int):
+        self.cfg, self.tape, self.batch, self.source, self.target = cfg, tape, batch, source, target
+        self.matmul_bytes = matmul_bytes
+        self.trainable, self.checkpointing, self.padding = trainable, checkpointing, padding
+        self.d, self.inner, self.d_ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
+        self.heads, self.vocab = cfg.num_heads, cfg.vocab_size
+        self.stages: list[str] = []
+
+    def begin(self, name: str) -> None:
+        self.tape.stage = len(self.stages)
+        self.stages.append(name)
+
+    def embed(self, tokens: int) -> _T:
+        tape = self.tape
         # Gradient checkpointing makes the embedding output require grad (enable_input_require_grads).
-        out = tape.new(tokens * d, tape.weight_bytes, trainable["embeddings"] or checkpointing)
-        tape.node([(tape.new(tokens, 8, False), trainable["embeddings"])], [out])  # saves the token ids
+        out = tape.new(tokens * self.d, tape.weight_bytes, self.trainable["embeddings"] or self.checkpointing)
+        tape.node([(tape.new(tokens, 8, False), self.trainable["embeddings"])], [out])  # saves the token ids
         return tape.dropout(out)
 
-    def relative_bias(length: int, trainable_bias: bool) -> _T:
-        values = tape.new(heads * length * length, tape.weight_bytes, trainable_bias)  # a permuted view
+    def relative_bias(self, length: int, trainable_bias: bool) -> _T:
+        tape = self.tape
+        values = tape.new(self.heads * length * length, tape.weight_bytes, trainable_bias)  # a permuted view
         tape.node([(tape.new(length * length, 8, False), trainable_bias)], [values])  # saves the buckets
         return values
 
-    def where(condition: _T, bias: _T, rows: int) -> _T:  # create_position_bias_mask, in every layer
-        out = tape.new(rows * bias.numel, bias.itemsize, bias.rg)
-        tape.node([(condition, bias.rg)], [out, out])  # the bias's gradient before summing over the batch
+    def where(self, condition: _T, bias: _T, rows: int) -> _T:  # create_position_bias_mask, in every layer
+        out = self.tape.new(rows * bias.numel, bias.itemsize, bias.rg)
+        self.tape.node([(condition, bias.rg)], [out, out])  # the bias's gradient before summing over the batch
         return out
 
-    def sublayer_output(x: _T, y: _T) -> _T:
+    def sublayer_output(self, x: _T, y: _T) -> _T:
+        tape = self.tape
         x = tape.add(x, tape.dropout(y))
         if tape.clamp:  # torch.clamp saves its input
             out = tape.new(x.numel, x.itemsize, x.rg)
@@ -201,71 +220,78 @@ def trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, boo
             x = out
         return x
 
-    def block(x: _T, length: int, bias: _T, tr: bool, cross: tuple[_T, _T] | None = None) -> _T:
-        tokens = batch * length
-        h = tape.layer_norm(x, tokens, tr)
-        q, k, v = (tape.linear(h, d, inner, tr) for _ in range(3))
-        a = tape.attention(q, k, v, bias, batch=batch, heads=heads, queries=length, keys=length)
-        x = sublayer_output(x, tape.linear(a, inner, d, tr))
+    def attention(self, x: _T, length: int, bias: _T, tr: bool, keys: _T | None = None, key_length: int = 0) -> _T:
+        """Self-attention (keys None) or cross-attention over `keys`, with its output projection."""
+        tape, d, inner = self.tape, self.d, self.inner
+        h = tape.layer_norm(x, self.batch * length, tr)
+        q = tape.linear(h, d, inner, tr)
+        k, v = (tape.linear(h if keys is None else keys, d, inner, tr) for _ in range(2))
+        a = tape.attention(q, k, v, bias, batch=self.batch, heads=self.heads, queries=length,
+                           keys=key_length or length)
+        return self.sublayer_output(x, tape.linear(a, inner, d, tr))
+
+    def block(self, x: _T, length: int, bias: _T, tr: bool, cross: tuple[_T, _T] | None = None) -> _T:
+        tape, d, d_ff = self.tape, self.d, self.d_ff
+        x = self.attention(x, length, bias, tr)
         if cross:
             encoded, cross_bias = cross
-            h = tape.layer_norm(x, tokens, tr)
-            q = tape.linear(h, d, inner, tr)
-            k, v = (tape.linear(encoded, d, inner, tr) for _ in range(2))
-            a = tape.attention(q, k, v, cross_bias, batch=batch, heads=heads, queries=length, keys=source)
-            x = sublayer_output(x, tape.linear(a, inner, d, tr))
-        h = tape.layer_norm(x, tokens, tr)
-        if cfg.is_gated_act:
+            x = self.attention(x, length, cross_bias, tr, keys=encoded, key_length=self.source)
+        h = tape.layer_norm(x, self.batch * length, tr)
+        if self.cfg.is_gated_act:
             y = tape.mul(tape.gelu_new(tape.linear(h, d, d_ff, tr)), tape.linear(h, d, d_ff, tr))
         else:
             y = tape.relu(tape.linear(h, d, d_ff, tr))
         y = tape.cast(tape.dropout(y), tape.weight_bytes)  # .to(wo.weight.dtype)
-        return sublayer_output(x, tape.linear(y, d_ff, d, tr))
+        return self.sublayer_output(x, tape.linear(y, d_ff, d, tr))
 
-    tr = trainable["encoder"]
-    begin("encoder embedding")
-    x = embed(batch * source)
-    padding_mask = tape.new(batch * source * source, 1, False) if padding else None
-    for layer in range(cfg.num_layers):
-        begin(f"encoder layer {layer}")
-        if layer == 0:
-            bias = relative_bias(source, tr)  # computed by the first layer, passed on to the others
-        tape.kept[tape.stage] = {t.key for t in (x, padding_mask, bias if layer else None) if t}
-        # The bias is a permuted view: .contiguous() copies it when no padding mask is combined in.
-        mask = where(padding_mask, bias, batch) if padding else tape.new(bias.numel, bias.itemsize, bias.rg)
-        x = block(x, source, mask, tr)
-    begin("encoder final norm")
-    encoded = tape.dropout(tape.layer_norm(x, batch * source, tr))
+    def encoder(self) -> _T:
+        tape, batch, source, tr = self.tape, self.batch, self.source, self.trainable["encoder"]
+        self.begin("encoder embedding")
+        x = self.embed(batch * source)
+        padding_mask = tape.new(batch * source * source, 1, False) if self.padding else None
+        for layer in range(self.cfg.num_layers):
+            self.begin(f"encoder layer {layer}")
+            if layer == 0:
+                bias = self.relative_bias(source, tr)  # computed by the first layer, passed on to the others
+            tape.kept[tape.stage] = {t.key for t in (x, padding_mask, bias if layer else None) if t}
+            # The bias is a permuted view: .contiguous() copies it when no padding mask is combined in.
+            mask = (self.where(padding_mask, bias, batch) if self.padding
+                    else tape.new(bias.numel, bias.itemsize, bias.rg))
+            x = self.block(x, source, mask, tr)
+        self.begin("encoder final norm")
+        return tape.dropout(tape.layer_norm(x, batch * source, tr))
 
-    tr = trainable["decoder"]
-    begin("decoder embedding")
-    y = embed(batch * target)
-    cross_mask = tape.new(batch * target * source, 1, False) if padding else None
-    for layer in range(cfg.num_decoder_layers):
-        begin(f"decoder layer {layer}")
-        if layer == 0:
-            bias = relative_bias(target, tr)
-            # Layers without a relative bias add zeros; under checkpointing these require grad.
-            zeros = tape.new(heads * target * source, matmul_bytes, checkpointing)
-        tape.kept[tape.stage] = {t.key for t in (y, encoded, cross_mask, bias if layer else None,
-                                                 zeros if layer else None) if t}
-        causal = where(tape.new(target * target, 1, False), bias, 1)
-        cross_bias = where(cross_mask, zeros, batch) if padding else zeros
-        y = block(y, target, causal, tr, cross=(encoded, cross_bias))
-    begin("decoder final norm")
-    y = tape.dropout(tape.layer_norm(y, batch * target, tr))
+    def decoder(self, encoded: _T) -> _T:
+        tape, batch, source, target, tr = self.tape, self.batch, self.source, self.target, self.trainable["decoder"]
+        self.begin("decoder embedding")
+        y = self.embed(batch * target)
+        cross_mask = tape.new(batch * target * source, 1, False) if self.padding else None
+        for layer in range(self.cfg.num_decoder_layers):
+            self.begin(f"decoder layer {layer}")
+            if layer == 0:
+                bias = self.relative_bias(target, tr)
+                # Layers without a relative bias add zeros; under checkpointing these require grad.
+                zeros = tape.new(self.heads * target * source, self.matmul_bytes, self.checkpointing)
+            tape.kept[tape.stage] = {t.key for t in (y, encoded, cross_mask, bias if layer else None,
+                                                     zeros if layer else None) if t}
+            causal = self.where(tape.new(target * target, 1, False), bias, 1)
+            cross_bias = self.where(cross_mask, zeros, batch) if self.padding else zeros
+            y = self.block(y, target, causal, tr, cross=(encoded, cross_bias))
+        self.begin("decoder final norm")
+        return tape.dropout(tape.layer_norm(y, batch * target, tr))
 
-    begin("lm head and loss")
-    if getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings):
-        y = tape.new(y.numel, y.itemsize, y.rg)  # * d_model**-0.5 (a scalar: nothing saved)
-    logits = tape.linear(y, d, vocab, trainable["embeddings"])
-    logits32 = tape.cast(logits, 4)  # losses.token_cross_entropy_sum computes the loss in fp32
-    if logits32 is not logits:
-        tape.node([], [logits32, logits])
-    log_probs = tape.new(logits.numel, 4, logits.rg)
-    tape.node([(log_probs, logits.rg)], [log_probs, logits32])  # log_softmax saves its output
-    tape.node([(tape.new(batch * target, 8, False), logits.rg)], [log_probs])  # nll_loss saves the labels
-    return tape, stages
+    def head_and_loss(self, y: _T) -> None:
+        tape = self.tape
+        self.begin("lm head and loss")
+        if getattr(self.cfg, "scale_decoder_outputs", self.cfg.tie_word_embeddings):
+            y = tape.new(y.numel, y.itemsize, y.rg)  # * d_model**-0.5 (a scalar: nothing saved)
+        logits = tape.linear(y, self.d, self.vocab, self.trainable["embeddings"])
+        logits32 = tape.cast(logits, 4)  # losses.token_cross_entropy_sum computes the loss in fp32
+        if logits32 is not logits:
+            tape.node([], [logits32, logits])
+        log_probs = tape.new(logits.numel, 4, logits.rg)
+        tape.node([(log_probs, logits.rg)], [log_probs, logits32])  # log_softmax saves its output
+        tape.node([(tape.new(self.batch * self.target, 8, False), logits.rg)], [log_probs])  # nll_loss saves labels
 
 
 def activation_profile(tape: Tape, stages: list[str]) -> list[tuple[int, int]]:
