@@ -63,6 +63,7 @@ import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import REPO  # noqa: E402
+from _flops import analytic_flops, check_flops  # noqa: E402
 
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
@@ -70,7 +71,6 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 from data_collator_t5 import compute_input_and_target_lengths  # noqa: E402
 from t5_training import reporting, runtime  # noqa: E402
 from t5_training.config import TrainingConfig  # noqa: E402
-from t5_training.losses import forward_loss_sum  # noqa: E402
 from t5_training.optim import build_optimizer  # noqa: E402
 from t5_training.step import train_step, window_counts  # noqa: E402
 
@@ -108,46 +108,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.profile_batch_size = args.profile_batch_size or max(args.batch_sizes)
     args.variants_batch_size = args.variants_batch_size or min(args.batch_sizes)
     return args
-
-
-# --- FLOPs -------------------------------------------------------------------------------------
-
-def analytic_flops(config, batch_size: int, source: int, target: int) -> dict:
-    """Forward matmul FLOPs of one batch by part (see the module docstring); a training step is 3x the total."""
-    d, i, f, v = config.d_model, config.num_heads * config.d_kv, config.d_ff, config.vocab_size
-    ff = (3 if config.is_gated_act else 2) * d * f
-    le, ld = config.num_layers, config.num_decoder_layers
-    parts = {
-        "encoder_linear": 2 * le * source * (4 * d * i + ff),
-        "decoder_linear": 2 * ld * target * (6 * d * i + ff),
-        "cross_attention_kv": 2 * ld * source * 2 * d * i,
-        "lm_head": 2 * target * d * v,
-        "attention": 2 * 2 * i * (le * source * source + ld * (target * target + target * source)),
-    }
-    parts = {name: batch_size * value for name, value in parts.items()}
-    parts["forward"] = sum(parts.values())
-    parts["train_step"] = 3 * parts["forward"]
-    return parts
-
-
-def counted_flops(model, batch: dict) -> tuple[int, int]:
-    """(forward, forward + backward) FLOPs of one batch as torch.utils.flop_counter counts them."""
-    from torch.utils import flop_counter
-
-    aten = torch.ops.aten
-    # The CPU flash-attention kernel SDPA dispatches to is missing from FlopCounterMode's table.
-    mapping = {aten._scaled_dot_product_flash_attention_for_cpu:
-               lambda q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(q, k, v),
-               aten._scaled_dot_product_flash_attention_for_cpu_backward:
-               lambda g, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(g, q, k, v)}
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        loss = forward_loss_sum(model, batch)
-    forward = counter.get_total_flops()
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        forward_loss_sum(model, batch).backward()
-    model.zero_grad(set_to_none=True)
-    del loss
-    return forward, counter.get_total_flops()
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -259,17 +219,6 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
     return accelerator.prepare(model, optimizer)
 
 
-def check_flops(model, config, source: int, target: int) -> dict:
-    """The analytic count of one sequence against FlopCounterMode's (which does not depend on dtype or device)."""
-    batch = random_batch(1, source, target, config.vocab_size, next(model.parameters()).device)
-    counted_forward, counted_step = counted_flops(model, batch)
-    analytic = analytic_flops(config, 1, source, target)
-    return {"analytic_forward": analytic["forward"], "counted_forward": counted_forward,
-            "analytic_train_step": analytic["train_step"], "counted_train_step": counted_step,
-            "relative_difference": (counted_step - analytic["train_step"]) / analytic["train_step"],
-            "analytic_parts_forward": {k: v for k, v in analytic.items() if k not in ("forward", "train_step")}}
-
-
 def measure_batch_sizes(args, accelerator, model, optimizer, config, source: int, target: int) -> list[dict]:
     per_batch = []
     for batch_size in args.batch_sizes:
@@ -357,7 +306,8 @@ def main(argv=None) -> dict:
           f"{raw_length} raw tokens -> {source} inputs, {target} targets; {precision if precision != 'no' else 'fp32'} "
           f"on {accelerator.device} with {args.threads} threads", flush=True)
 
-    flop_check = check_flops(accelerator.unwrap_model(model), config, source, target)
+    flop_check = check_flops(accelerator.unwrap_model(model), config,
+                             random_batch(1, source, target, config.vocab_size, accelerator.device))
     print(f"FLOPs per sequence: analytic {flop_check['analytic_forward'] / 1e9:.3f} G forward, "
           f"{flop_check['analytic_train_step'] / 1e9:.3f} G step; FlopCounterMode "
           f"{flop_check['counted_forward'] / 1e9:.3f} G forward, {flop_check['counted_train_step'] / 1e9:.3f} G step "
