@@ -18,7 +18,7 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training import agreement, batch_size, checkpoint, data, evaluation, loop, run_dir, runtime
+from t5_training import adapters, agreement, batch_size, checkpoint, data, evaluation, loop, run_dir, runtime
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -26,8 +26,8 @@ from t5_training.tasks import get_entry
 
 
 @dataclass(frozen=True)
-class FineTuneConfig(ModelConfig, TrainingConfig):
-    """Flags of fine_tune_t5.py: the shared training and model flags, plus the task's data."""
+class FineTuneConfig(ModelConfig, adapters.AdapterConfig, TrainingConfig):
+    """Flags of fine_tune_t5.py: the shared training and model flags, the adapter (--peft), and the task's data."""
 
     benchmark: str = field(default="glue", metadata={"help": "A key of DATASET_VALS: glue, seq2seq, embedded."})
     dataset_name: str = field(default="sst2", metadata={"help": "A task of the benchmark, e.g. sst2, mnli."})
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
+    model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path)
 
     task = agreement.main_process_first(accelerator,
                                         lambda: data.build_task_data(entry, config, tokenizer, accelerator.print))

@@ -16,9 +16,12 @@ import re
 import shutil
 
 import torch
+from accelerate.utils import DistributedType, extract_model_from_parallel
 from safetensors import SafetensorError
+from safetensors.torch import load_file
 from transformers.utils import logging as hf_logging
 
+from t5_training import adapters
 from t5_training.errors import UsageError, WriteError
 from t5_training.interrupts import kill_point
 from t5_training.reporting import write_json
@@ -78,11 +81,13 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str |
     return resume_from_checkpoint
 
 
-def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
+def save_checkpoint(accelerator, output_dir: str, state, scheduler=None, *, trainable_only: bool = False) -> str:
     """Saves everything needed to continue exactly, atomically. Returns the checkpoint folder.
 
     The scheduler goes into train_state.json as JSON rather than being registered with
     accelerate, whose loader for registered objects unpickles with weights_only=False.
+    `trainable_only` leaves the frozen weights out (an adapter run, t5_training.adapters): they
+    are the starting model's, which resuming loads again, and they are most of the bytes.
     """
     if scheduler is not None:
         state.scheduler = scheduler.state_dict()
@@ -93,7 +98,8 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
     accelerator.wait_for_everyone()
     # Every process writes (its RNG state at least), so a failure is agreed on before anyone
     # goes on: one process raising alone would leave the others in the next collective.
-    agree_on_write(accelerator, _attempt(lambda: accelerator.save_state(tmp)), tmp, final, output_dir)
+    agree_on_write(accelerator, _attempt(lambda: _save_state(accelerator, tmp, trainable_only)), tmp, final,
+                   output_dir)
     kill_point("save", state.step)
 
     def finish() -> None:
@@ -105,6 +111,58 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None) -> str:
     failure = _attempt(finish) if accelerator.is_main_process else None
     agree_on_write(accelerator, failure, tmp, final, output_dir)
     return final
+
+
+def _save_state(accelerator, folder: str, trainable_only: bool) -> None:
+    if not trainable_only:
+        accelerator.save_state(folder)
+    elif accelerator.distributed_type == DistributedType.DEEPSPEED:
+        accelerator.save_state(folder, exclude_frozen_parameters=True)
+    else:
+        handle = accelerator.register_save_state_pre_hook(_keep_trainable)
+        try:
+            accelerator.save_state(folder)
+        finally:
+            handle.remove()
+
+
+def _keep_trainable(models, weights, output_dir) -> None:
+    """accelerate's pre-save hook: the state dicts about to be written become the trainable weights only,
+    named as in the unwrapped model, so that the checkpoint resumes under any number of processes."""
+    for i, model in enumerate(models):
+        weights[i] = {name: param.detach() for name, param in _trainable(model).items()}
+
+
+def _trainable(model) -> dict:
+    return {name: param for name, param in extract_model_from_parallel(model).named_parameters() if param.requires_grad}
+
+
+def _load_state(accelerator, folder: str, trainable_only: bool) -> None:
+    if not trainable_only:
+        accelerator.load_state(folder)
+    elif accelerator.distributed_type == DistributedType.DEEPSPEED:
+        accelerator.load_state(folder, load_module_strict=False)
+    else:
+        handle = accelerator.register_load_state_pre_hook(_load_trainable)
+        try:
+            accelerator.load_state(folder)
+        finally:
+            handle.remove()
+
+
+def _load_trainable(models, input_dir) -> None:
+    """accelerate's pre-load hook: loads a trainable-only checkpoint, which must hold exactly the
+    model's trainable tensors, and takes the models off accelerate's list so it loads nothing more."""
+    for i, model in enumerate(models):
+        weights = load_file(os.path.join(input_dir, "model.safetensors" if i == 0 else f"model_{i}.safetensors"))
+        trainable = _trainable(model)
+        if set(weights) != set(trainable):
+            raise ValueError(f"it holds {len(weights)} weights where this model trains {len(trainable)}, under other "
+                             "names (was it written with other --peft settings?)")
+        with torch.no_grad():
+            for name, param in trainable.items():
+                param.copy_(weights[name])
+    models.clear()
 
 
 def _attempt(write) -> OSError | None:
@@ -160,18 +218,19 @@ def _file_sizes(folder: str) -> dict[str, int]:
     return dict(sorted(sizes.items()))
 
 
-def load_checkpoint(accelerator, path: str, state, scheduler=None) -> None:
+def load_checkpoint(accelerator, path: str, state, scheduler=None, *, trainable_only: bool = False) -> None:
     """Restores model, optimizer, RNG, `state` and `scheduler` from a complete checkpoint.
 
     Every tensor file is read with weights_only=True (accelerate's default), so a checkpoint
     cannot run code. One that fails to load is reported as a UsageError naming it.
+    `trainable_only`: the checkpoint was saved so (see save_checkpoint).
     """
     if any(name.startswith("custom_checkpoint_") for name in os.listdir(path)):
         raise UsageError(f"checkpoint {path} was written by an earlier version that pickled its scheduler "
                          "(custom_checkpoint_*.pkl), which is not unpickled for safety; resume it with that "
                          "version, or start over with --overwrite_output_dir")
     try:
-        accelerator.load_state(path)
+        _load_state(accelerator, path, trainable_only)
         with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
             state.load_state_dict(json.load(f))
         if scheduler is not None:
@@ -197,14 +256,21 @@ def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None)
 
 
 def export_model(accelerator, model, tokenizer, path: str) -> None:
-    """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically."""
+    """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically.
+
+    An adapter model writes its adapter and, where it merges, the merged model (adapters.save_pretrained).
+    """
     state_dict = accelerator.get_state_dict(model)
     hf_logging.disable_progress_bar()  # one shard per export; a bar per save only clutters logs
     tmp = f"{path}.tmp"
+    unwrapped = accelerator.unwrap_model(model)
 
     def write() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        if adapters.is_adapter_model(unwrapped):
+            adapters.save_pretrained(unwrapped, state_dict, tmp)
+        else:
+            unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         shutil.rmtree(path, ignore_errors=True)

@@ -16,6 +16,7 @@ from accelerate.utils import DistributedType
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput
 
+from t5_training import adapters
 from t5_training.data import in_row_order, shift_right
 from t5_training.errors import UsageError
 from t5_training.losses import row_cross_entropy
@@ -112,9 +113,11 @@ class GreedyDecoder:
 
     def __call__(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(predicted token ids padded with the pad id, per-row summed target loss, per-row target tokens)."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        mask = batch["attention_mask"]
-        encoded = unwrapped.get_encoder()(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
+        # The encoder runs once here (with a prompt-tuned model's soft tokens in front), and
+        # the decoder passes below call the transformers model under any peft wrapper.
+        encoded, mask = adapters.encode(self.accelerator.unwrap_model(model), batch["input_ids"],
+                                        batch["attention_mask"])
+        unwrapped = adapters.base_model(self.accelerator.unwrap_model(model))
         if self.candidates is None:
             row_loss, row_tokens = self._teacher_forced(unwrapped, encoded, mask, batch)
             everything = torch.ones(len(mask), dtype=torch.bool, device=mask.device)

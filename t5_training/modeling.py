@@ -120,16 +120,19 @@ def _components(model) -> dict[str, list]:
     output = model.get_output_embeddings()
     if output is not None:
         embeddings.add(id(output.weight))
-    parts = {"embeddings": [], "encoder": [], "decoder": [], "other": []}
+    parts = {"embeddings": [], "encoder": [], "decoder": [], "prompt": [], "other": []}
     seen = set()
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in seen:
             continue
         seen.add(id(param))
+        # A peft wrapper (t5_training.adapters) puts the base model's names under base_model(.model).
+        name = name.removeprefix("base_model.").removeprefix("model.")
         if id(param) in embeddings:
             part = "embeddings"
         else:
             part = next((p for p in ("encoder", "decoder") if name.startswith(f"{p}.")), "other")
+            part = "prompt" if name.startswith("prompt_encoder.") else part
         parts[part].append(param)
     return parts
 
@@ -160,6 +163,7 @@ def model_summary(model) -> str:
     rows.append(("total", *totals))
     lines = [f"{'component':<11}{'params':>14}{'trainable':>14}{'MiB':>10}"]
     lines += [f"{part:<11}{count:>14,}{trainable:>14,}{size / 2**20:>10.1f}" for part, count, trainable, size in rows]
+    lines.append(f"trainable: {totals[1]:,} of {totals[0]:,} parameters ({100 * totals[1] / max(totals[0], 1):.2f}%)")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from t5_training import agreement, checkpoint, reporting, resume as layouts
+from t5_training import adapters, agreement, checkpoint, reporting, resume as layouts
 from t5_training.errors import DivergedError
 
 RESULTS_FILES = {"train": "train_results.json", "eval": "eval_results.json"}
@@ -35,8 +35,8 @@ def resume(accelerator, config, path: str | None, state, scheduler, *, streaming
     `streaming` runs refuse another number of processes (resume.continue_with_layout).
     """
     if path:
-        agreement.on_every_process(accelerator, lambda: checkpoint.load_checkpoint(accelerator, path, state,
-                                                                                    scheduler))
+        agreement.on_every_process(accelerator, lambda: checkpoint.load_checkpoint(
+            accelerator, path, state, scheduler, trainable_only=adapters.in_use(config)))
         layouts.continue_with_layout(accelerator, config, state, path, streaming=streaming)
         accelerator.print(f"resumed from {path} at step {state.step}")
     checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(path))
@@ -46,7 +46,8 @@ def resume(accelerator, config, path: str | None, state, scheduler, *, streaming
 def save(accelerator, config, model, scheduler, state) -> str:
     """Checkpoints the run (never with non-finite weights) and rotates old checkpoints; returns the folder."""
     ensure_finite_weights(model, f"step {state.step}")
-    path = checkpoint.save_checkpoint(accelerator, config.output_dir, state, scheduler)
+    path = checkpoint.save_checkpoint(accelerator, config.output_dir, state, scheduler,
+                                      trainable_only=adapters.in_use(config))
     if accelerator.is_main_process:
         checkpoint.rotate_checkpoints(config.output_dir, config.save_total_limit, keep_step=state.best_step)
     accelerator.wait_for_everyone()
@@ -156,7 +157,10 @@ def read_final_eval(run_dir: str) -> dict | None:
 
 def read_results(run_dir: str) -> dict | None:
     """{"train": ..., "eval": ...} of a finished run (its final export and both results files); else None."""
-    if not os.path.isfile(os.path.join(run_dir, "final", "config.json")):
+    final = os.path.join(run_dir, "final")
+    # A prompt-tuned run's export is its adapter alone (t5_training.adapters).
+    if not any(os.path.isfile(os.path.join(final, *name)) for name in
+               (("config.json",), (adapters.ADAPTER_DIR, "adapter_config.json"))):
         return None
     results = {key: _read_json(os.path.join(run_dir, name)) for key, name in RESULTS_FILES.items()}
     return results if all(value is not None for value in results.values()) else None

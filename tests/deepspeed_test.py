@@ -73,6 +73,8 @@ def _ds_config(checkpoint_path):
 class _DeepSpeedCase(absltest.TestCase):
     """A tiny model saved once, and one plain process's run that every DeepSpeed run must reproduce."""
 
+    EXTRA: tuple[str, ...] = ()  # flags of every run of the class, the plain one included
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -87,7 +89,7 @@ class _DeepSpeedCase(absltest.TestCase):
         tokenizer.save_pretrained(cls.init)
         # One plain process with twice the batch: what every 2-process run must reproduce.
         cls.plain = os.path.join(cls.tmp, "plain")
-        fine_tune_t5.main(_args(cls.plain, cls.init, "--per_device_train_batch_size", "8"))
+        fine_tune_t5.main(_args(cls.plain, cls.init, "--per_device_train_batch_size", "8", *cls.EXTRA))
         cls.plain_losses = _losses(cls.plain, 4)
 
     def assert_matches_plain_run(self, losses, rel=1e-4):
@@ -97,7 +99,7 @@ class _DeepSpeedCase(absltest.TestCase):
 
     def assert_trains_resumes_and_exports(self, config_file, stage):
         out = os.path.join(self.tmp, f"zero{stage}")
-        _launch(config_file, out, self.init)
+        _launch(config_file, out, self.init, *self.EXTRA)
         losses = _losses(out, 4)
         # DeepSpeed divides by the accumulation steps in its backward and averages gradients over
         # processes, as DDP does, so the loop's token-mean scaling holds and ZeRO only moves where
@@ -113,15 +115,20 @@ class _DeepSpeedCase(absltest.TestCase):
             files = json.load(f)["files"]
         shards = [name for name in files if name.startswith("pytorch_model/")]
         self.assertLen([n for n in shards if n.endswith("optim_states.pt")], 2)
+        if self.EXTRA:
+            # An adapter run's checkpoint leaves out the frozen weights (and has no state for them).
+            full = os.path.getsize(os.path.join(self.init, "model.safetensors"))
+            self.assertLess(sum(size for name, size in files.items() if name.startswith("pytorch_model/")),
+                            full / 2)
         self.assertEqual(checkpoint.list_checkpoints(out), [checkpoint.checkpoint_dir(out, s) for s in (2, 4)])
 
         # As if the run had died after saving step 2: auto resumes there and ends where it did.
         shutil.rmtree(checkpoint.checkpoint_dir(out, 4))
-        log = _launch(config_file, out, self.init, "--resume_from_checkpoint", "auto")
+        log = _launch(config_file, out, self.init, *self.EXTRA, "--resume_from_checkpoint", "auto")
         self.assertIn(f"resumed from {checkpoint.checkpoint_dir(out, 2)} at step 2", log)
         self.assertEqual(_losses(out, 4), losses)
 
-        # final/ is a whole model (ZeRO-3 gathers it) that equals the plain run's.
+        # final/ is a whole model (ZeRO-3 gathers it; an adapter run's merged model) that equals the plain run's.
         model = T5ForConditionalGeneration.from_pretrained(os.path.join(out, "final"))
         plain = T5ForConditionalGeneration.from_pretrained(os.path.join(self.plain, "final"))
         tiny = AutoConfig.from_pretrained(fixtures.TINY_CONFIG)
@@ -149,6 +156,14 @@ class Zero3Test(_DeepSpeedCase):
 
     def test_zero3_trains_like_one_process_resumes_and_exports(self):
         self.assert_trains_resumes_and_exports(os.path.join(CONFIGS, "deepspeed_zero3.yaml"), 3)
+
+
+class LoraZero2Test(Zero2Test):
+    EXTRA = ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--lora_r", "4")
+
+
+class LoraZero3Test(Zero3Test):
+    EXTRA = ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--lora_r", "4")
 
 
 class OffloadTest(_DeepSpeedCase):

@@ -91,8 +91,10 @@ class TrackerKeysTest(absltest.TestCase):
 
 
 class TwoProcessTest(absltest.TestCase):
+    EXTRA: tuple[str, ...] = ()  # flags of both runs
+
     def test_two_gloo_processes_match_one_process_with_twice_the_batch(self):
-        common = ["--max_steps", "4", "--dropout_rate", "0", "--save_steps", "4"]
+        common = ["--max_steps", "4", "--dropout_rate", "0", "--save_steps", "4", *self.EXTRA]
         with tempfile.TemporaryDirectory() as two, tempfile.TemporaryDirectory() as one:
             env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -110,6 +112,12 @@ class TwoProcessTest(absltest.TestCase):
             # Evaluation gathered every dev row exactly once across the two processes.
             with open(os.path.join(two, "predictions_validation.tsv"), encoding="utf-8") as f:
                 self.assertLen(list(csv.reader(f, delimiter="\t")), 33)
+
+
+
+class LoraTwoProcessTest(TwoProcessTest):
+    # DDP synchronises the adapter's gradients only; the frozen weights have none.
+    EXTRA = ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--learning_rate", "1e-2")
 
 
 if __name__ == "__main__":

@@ -99,3 +99,21 @@ def tiny_t5_config(**overrides):
                   relative_attention_num_buckets=4, dropout_rate=0.1, feed_forward_proj="relu",
                   tie_word_embeddings=True)
     return transformers.T5Config(**{**values, **overrides})
+
+
+def nan_on_steps(steps: set, accumulation: int = 1):
+    """A forward_loss_sum that returns NaN on the micro-batches of the given (1-based) optimizer steps."""
+    from unittest import mock
+
+    from t5_training import losses
+
+    real = losses.forward_loss_sum
+    calls = []
+
+    def patched(model, batch):
+        calls.append(None)
+        loss = real(model, batch)
+        step = (len(calls) - 1) // accumulation + 1
+        return loss * float("nan") if step in steps else loss
+
+    return mock.patch.object(losses, "forward_loss_sum", patched)

@@ -58,12 +58,13 @@ class Scenario:
         return (step - 1) // self.save_steps * self.save_steps
 
 
-def fine_tune_scenario() -> Scenario:
-    """SST-2 on the tiny model, with dropout on so that the RNG state matters too."""
+def fine_tune_scenario(*extra: str) -> Scenario:
+    """SST-2 on the tiny model, with dropout on so that the RNG state matters too; `extra` flags
+    such as an adapter's (--peft lora: its checkpoints hold the adapter alone)."""
     args = fixtures.fine_tune_args("unused", "--max_train_samples", "64", "--max_eval_samples", "16",
-                                   "--per_device_train_batch_size", "4", "--dropout_rate", "0.1")
+                                   "--per_device_train_batch_size", "4", "--dropout_rate", "0.1", *extra)
     args = _drop_flag(args, "--output_dir")
-    return Scenario("fine_tune", "fine_tune_t5.py", tuple(args))
+    return Scenario(" ".join(["fine_tune", *extra]), "fine_tune_t5.py", tuple(args))
 
 
 def pre_train_scenario(data_dir: str, streaming: bool = False) -> Scenario:

@@ -34,6 +34,15 @@ class FineTuneKillResumeTest(_KillResumeCase):
         self._check(kill_harness.fine_tune_scenario(), ["micro:7:1", "eval:8", "save:6"])
 
 
+class AdapterKillResumeTest(_KillResumeCase):
+
+    def test_fine_tune_with_lora(self):
+        # The checkpoints hold the adapter and its optimizer state only; the frozen base comes
+        # from the starting model again (--config_name with the same seed here).
+        self._check(kill_harness.fine_tune_scenario("--peft", "lora", "--lora_dropout", "0.1"),
+                    ["micro:7:1"])
+
+
 class PreTrainKillResumeTest(_KillResumeCase):
 
     def test_pre_train(self):

@@ -108,24 +108,10 @@ class ObjectiveTest(parameterized.TestCase):
 
 
 
-def _nan_on_steps(steps: set, accumulation: int = 1):
-    """A forward_loss_sum that returns NaN on the micro-batches of the given (1-based) optimizer steps."""
-    real = losses.forward_loss_sum
-    calls = []
-
-    def patched(model, batch):
-        calls.append(None)
-        loss = real(model, batch)
-        step = (len(calls) - 1) // accumulation + 1
-        return loss * float("nan") if step in steps else loss
-
-    return mock.patch.object(losses, "forward_loss_sum", patched)
-
-
 class NonFiniteGuardTest(absltest.TestCase):
 
     def test_non_finite_steps_are_skipped_and_training_goes_on(self):
-        with tempfile.TemporaryDirectory() as out, _nan_on_steps({3, 4}, accumulation=2):
+        with tempfile.TemporaryDirectory() as out, fixtures.nan_on_steps({3, 4}, accumulation=2):
             _run(out, "--max_steps", "6", "--save_steps", "1", "--save_total_limit", "0",
                  "--gradient_accumulation_steps", "2", "--max_nonfinite_steps", "3")
             losses = _losses(out)
@@ -138,7 +124,7 @@ class NonFiniteGuardTest(absltest.TestCase):
             self.assertTrue(all(torch.isfinite(t).all() for t in _weights(out).values()))
 
     def test_too_many_in_a_row_stops_with_the_likely_cause_and_exit_code_3(self):
-        with tempfile.TemporaryDirectory() as out, _nan_on_steps(set(range(3, 100))):
+        with tempfile.TemporaryDirectory() as out, fixtures.nan_on_steps(set(range(3, 100))):
             stderr = io.StringIO()
             with contextlib.redirect_stderr(stderr):
                 code = run_cli(fine_tune_t5.main, fixtures.fine_tune_args(

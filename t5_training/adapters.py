@@ -1,0 +1,204 @@
+"""Parameter-efficient fine-tuning through peft: LoRA, IA3 and prompt tuning (`--peft`).
+
+    accelerate launch fine_tune_t5.py ... --peft lora --lora_r 8 --lora_alpha 16 --lora_target_modules q,v
+    accelerate launch fine_tune_t5.py ... --peft ia3
+    accelerate launch fine_tune_t5.py ... --peft prompt_tuning --num_virtual_tokens 20 --prompt_init vocab
+
+`apply` wraps the loaded model in peft's `PeftModelForSeq2SeqLM`, which freezes every base weight;
+the optimizer then sees the adapter's parameters only (optim.build_optimizer takes the trainable
+ones). Checkpoints hold the trainable weights alone (checkpoint.save_checkpoint's
+`trainable_only`), and an export holds the adapter in `<name>/adapter/` (`PeftModel.from_pretrained`
+loads it) and, for LoRA and IA3, the merged model in `<name>/` itself, which `from_pretrained`
+loads without peft. Prompt tuning cannot be merged: its `<name>/` holds the adapter and tokenizer.
+
+peft is imported only when `--peft` is set: it adds about 4 s to every start.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from t5_training.errors import UsageError
+
+METHODS = ("none", "lora", "ia3", "prompt_tuning")
+ADAPTER_DIR = "adapter"
+# What --prompt_init names, in peft's terms. Sampled vocabulary embeddings are the default:
+# Lester et al. (2021) found random prompts lag far behind on T5, and peft's own default is random.
+_PROMPT_INIT = {"random": "RANDOM", "vocab": "SAMPLE_VOCAB", "text": "TEXT"}
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """Which adapter fine_tune_t5.py trains instead of the whole model; peft's defaults for T5 where it has them."""
+
+    peft: Literal[METHODS] = field(
+        default="none", metadata={"help": "none: train the whole model; lora, ia3 or prompt_tuning: train only "
+                                          "that adapter (through peft), the base weights frozen."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA's rank r."})
+    lora_alpha: int = field(default=8, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on LoRA's input."})
+    lora_target_modules: str | None = field(
+        default=None, metadata={"help": "Comma list of the linear layers LoRA adapts, e.g. q,k,v,o,wi,wo. "
+                                        "Default: peft's for the model type (q,v for T5)."})
+    ia3_target_modules: str | None = field(
+        default=None, metadata={"help": "Comma list of the layers IA3 rescales. Default: peft's (k,v,wo for T5)."})
+    ia3_feedforward_modules: str | None = field(
+        default=None, metadata={"help": "Which of --ia3_target_modules are feed-forward layers (their input is "
+                                        "scaled, not their output). Default: peft's (wo for T5)."})
+    num_virtual_tokens: int = field(default=20, metadata={"help": "Prompt tuning: soft tokens before the input."})
+    prompt_init: Literal["random", "vocab", "text"] = field(
+        default="vocab", metadata={"help": "Prompt tuning's initial tokens: embeddings of sampled vocabulary "
+                                           "(vocab), of --prompt_init_text (text), or random."})
+    prompt_init_text: str | None = field(default=None, metadata={"help": "With --prompt_init text."})
+
+    def __post_init__(self):
+        if self.lora_r < 1 or self.lora_alpha <= 0:
+            raise UsageError(f"--lora_r must be >= 1 and --lora_alpha > 0, got {self.lora_r} and {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise UsageError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.num_virtual_tokens < 1:
+            raise UsageError(f"--num_virtual_tokens must be at least 1, got {self.num_virtual_tokens}")
+        if self.peft == "prompt_tuning" and (self.prompt_init == "text") != bool(self.prompt_init_text):
+            raise UsageError("--prompt_init text and --prompt_init_text go together: pass both, or neither")
+        if self.peft != "none":
+            frozen = [f"--{name}" for name in ("freeze_encoder", "freeze_decoder", "freeze_embeddings")
+                      if getattr(self, name, False)]
+            if frozen:
+                raise UsageError(f"{frozen[0]} with --peft {self.peft}: the adapter already freezes every base weight "
+                                 "and trains only its own; drop " + " and ".join(frozen))
+        parent = super()
+        if hasattr(parent, "__post_init__"):
+            parent.__post_init__()
+
+
+def in_use(config) -> bool:
+    """True when the run trains an adapter: its checkpoints then hold the trainable weights only."""
+    return getattr(config, "peft", "none") != "none"
+
+
+def is_adapter_model(model) -> bool:
+    """True for a peft-wrapped model. Never imports peft: a model cannot be one unless peft is loaded."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def is_prompt_tuned(model) -> bool:
+    return is_adapter_model(model) and model.active_peft_config.is_prompt_learning
+
+
+def mergeable(model) -> bool:
+    """LoRA and IA3 fold into the base weights; prompt tuning does not."""
+    return is_adapter_model(model) and not is_prompt_tuned(model)
+
+
+def _names(value: str | None) -> list[str] | None:
+    return [name.strip() for name in value.split(",") if name.strip()] if value else None
+
+
+def _check_targets(model, flag: str, targets: list[str] | None) -> None:
+    """A target that names no linear layer is one line listing those the model has."""
+    if targets is None:
+        return
+    linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    missing = [name for name in targets if name not in linear]
+    if missing:
+        raise UsageError(f"{flag}: this model has no linear layer named {missing[0]!r}; it has "
+                         f"{', '.join(sorted(linear))}")
+
+
+def peft_config(config: AdapterConfig, model, tokenizer_name: str | None):
+    """The peft config `--peft` and its knobs describe, for a seq2seq model."""
+    import peft
+
+    task = peft.TaskType.SEQ_2_SEQ_LM
+    if config.peft == "lora":
+        targets = _names(config.lora_target_modules)
+        _check_targets(model, "--lora_target_modules", targets)
+        return peft.LoraConfig(task_type=task, r=config.lora_r, lora_alpha=config.lora_alpha,
+                               lora_dropout=config.lora_dropout, target_modules=targets)
+    if config.peft == "ia3":
+        targets, feedforward = _names(config.ia3_target_modules), _names(config.ia3_feedforward_modules)
+        _check_targets(model, "--ia3_target_modules", targets)
+        if feedforward and not targets:
+            raise UsageError("--ia3_feedforward_modules needs --ia3_target_modules, of which it is a subset")
+        if feedforward and not set(feedforward) <= set(targets):
+            raise UsageError(f"--ia3_feedforward_modules {','.join(feedforward)} must be a subset of "
+                             f"--ia3_target_modules {','.join(targets)}")
+        return peft.IA3Config(task_type=task, target_modules=targets, feedforward_modules=feedforward)
+    # One set of soft tokens, in front of the encoder's input (Lester et al.). peft would make a
+    # second set for the decoder of a seq2seq model, which its forward never uses.
+    return peft.PromptTuningConfig(task_type=task, num_virtual_tokens=config.num_virtual_tokens,
+                                   num_transformer_submodules=1,
+                                   prompt_tuning_init=_PROMPT_INIT[config.prompt_init],
+                                   prompt_tuning_init_text=config.prompt_init_text,
+                                   tokenizer_name_or_path=tokenizer_name if config.prompt_init == "text" else None)
+
+
+def apply(model, config: AdapterConfig, tokenizer_name: str | None = None):
+    """`model` wrapped with the adapter `--peft` names (base weights frozen), or unchanged for `none`."""
+    if config.peft == "none":
+        return model
+    import peft
+
+    adapter = peft_config(config, model, tokenizer_name)
+    try:
+        return peft.get_peft_model(model, adapter)
+    except (ValueError, TypeError) as err:
+        # e.g. a model type peft has no default targets for: name them.
+        raise UsageError(f"--peft {config.peft} could not be applied: {str(err).splitlines()[0]}; name the layers "
+                         f"with --{config.peft}_target_modules") from None
+
+
+def base_model(model):
+    """The transformers model underneath: with LoRA or IA3 its layers carry the adapter, so calling
+    it runs the adapter too; a prompt-tuned model's prompt must be added by `encode`."""
+    return model.get_base_model() if is_adapter_model(model) else model
+
+
+def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder's output and its attention mask; a prompt-tuned model's soft tokens come first.
+
+    Evaluation runs the encoder once per row and the decoder on its output (evaluation.GreedyDecoder),
+    so it cannot go through peft's forward, which adds the prompt inside.
+    """
+    base = base_model(model)
+    if not is_prompt_tuned(model):
+        return base.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state, attention_mask
+    embeds = base.get_input_embeddings()(input_ids)
+    prompt = model.get_prompt(batch_size=len(input_ids)).to(embeds.dtype)
+    embeds = torch.cat([prompt, embeds], dim=1)
+    mask = torch.cat([attention_mask.new_ones(len(input_ids), prompt.size(1)), attention_mask], dim=1)
+    return base.get_encoder()(inputs_embeds=embeds, attention_mask=mask).last_hidden_state, mask
+
+
+def save_pretrained(model, state_dict: dict, folder: str) -> None:
+    """The adapter in folder/adapter/ and, for LoRA and IA3, the merged model in folder/.
+
+    `state_dict` is the whole wrapped model's (gathered under ZeRO-3). The merge happens on a
+    fresh copy built from it, so the model being trained is never changed and ZeRO-3's partitioned
+    weights never have to be merged in place.
+    """
+    model.save_pretrained(os.path.join(folder, ADAPTER_DIR), state_dict=state_dict, safe_serialization=True)
+    if mergeable(model):
+        merged_copy(model, state_dict).save_pretrained(folder, safe_serialization=True)
+
+
+def merged_copy(model, state_dict: dict):
+    """A plain transformers model holding `state_dict`'s base weights with the adapter folded in."""
+    import peft
+
+    base = model.get_base_model()
+    copy = peft.get_peft_model(type(base)(base.config), model.active_peft_config)
+    result = copy.load_state_dict(state_dict, strict=False)
+    # A tied weight (T5's shared embedding and output layer) may be stored under one of its names only.
+    loaded = {id(p) for name, p in copy.named_parameters(remove_duplicate=False) if name in state_dict}
+    params = dict(copy.named_parameters(remove_duplicate=False))
+    missing = [k for k in result.missing_keys if k not in params or id(params[k]) not in loaded]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"the adapter model's weights do not fit a fresh copy (missing {missing[:3]}, "
+                           f"unexpected {result.unexpected_keys[:3]})")
+    return copy.merge_and_unload()

@@ -1,0 +1,217 @@
+"""Adapters through peft (t5_training.adapters): what trains, what a checkpoint holds, what the exports predict.
+
+Every run starts from one saved tiny model, as a user fine-tunes a pretrained one, so that its
+frozen weights can be compared with the file they came from.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+from absl.testing import absltest, parameterized
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
+
+import fine_tune_t5
+from t5_training import adapters, checkpoint, modeling, run_dir
+from t5_training.config import parse_config
+from t5_training.errors import UsageError
+from tests import fixtures
+
+# t5-tiny: d_model 128, 4 heads x d_kv 32 = 128 inside attention, d_ff 512, 2 + 2 layers.
+D_MODEL, INNER, D_FF = 128, 128, 512
+# LoRA adds r x (d_in + d_out) per adapted matrix. With q,k,v,o,wi,wo: an encoder layer has four
+# attention matrices of 128 -> 128 and wi, wo of 128 <-> 512; a decoder layer eight attention ones.
+ENCODER_LAYER = 4 * (D_MODEL + INNER) + 2 * (D_MODEL + D_FF)
+DECODER_LAYER = 8 * (D_MODEL + INNER) + 2 * (D_MODEL + D_FF)
+ALL_LINEAR = "q,k,v,o,wi,wo"
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.sst2_tokenizer_dir()))
+
+
+def _config(*flags):
+    return parse_config(fine_tune_t5.FineTuneConfig, ["--config_name", fixtures.TINY_CONFIG, *flags])
+
+
+def _trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class CountTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("lora_all_linear_r4", ["--peft", "lora", "--lora_r", "4", "--lora_target_modules", ALL_LINEAR],
+         4 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER)),
+        # peft's T5 default, q and v: 2 per encoder layer, 4 per decoder layer (self and cross).
+        ("lora_default_q_v", ["--peft", "lora"], 8 * (2 * 2 + 2 * 4) * (D_MODEL + INNER)),
+        # IA3 (peft's T5 default k, v, wo): one scale per output of k and v, per input of wo.
+        ("ia3_default", ["--peft", "ia3"], 2 * (2 * INNER + D_FF) + 2 * (4 * INNER + D_FF)),
+        ("prompt_tuning", ["--peft", "prompt_tuning", "--num_virtual_tokens", "20"], 20 * D_MODEL),
+    )
+    def test_trainable_parameters_follow_the_formula(self, flags, expected):
+        model = adapters.apply(_tiny_model(), _config(*flags), fixtures.sst2_tokenizer_dir())
+        self.assertEqual(_trainable(model), expected)
+        # Only the adapter trains: every base weight is frozen.
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.assertTrue(all(any(k in n for k in ("lora_", "ia3_", "prompt_encoder")) for n in trainable), trainable)
+        summary = modeling.model_summary(model).splitlines()
+        total = sum(p.numel() for p in model.parameters())
+        self.assertEqual(summary[-1], f"trainable: {expected:,} of {total:,} parameters "
+                                      f"({100 * expected / total:.2f}%)")
+
+    def test_none_leaves_the_model_as_it_is(self):
+        model = _tiny_model()
+        self.assertIs(adapters.apply(model, _config()), model)
+        self.assertFalse(adapters.is_adapter_model(model))
+
+    @parameterized.named_parameters(
+        ("missing_target", ["--peft", "lora", "--lora_target_modules", "q,query"], "no linear layer named 'query'"),
+        ("feedforward_outside_targets", ["--peft", "ia3", "--ia3_target_modules", "k,v",
+                                         "--ia3_feedforward_modules", "wo"], "must be a subset"),
+    )
+    def test_bad_targets_are_refused(self, flags, message):
+        with self.assertRaisesRegex(UsageError, message):
+            adapters.apply(_tiny_model(), _config(*flags))
+
+    @parameterized.named_parameters(
+        ("freezing", ["--peft", "prompt_tuning", "--freeze_encoder"], "--freeze_encoder with --peft prompt_tuning"),
+        ("rank", ["--peft", "lora", "--lora_r", "0"], "--lora_r must be >= 1"),
+        ("text_without_text", ["--peft", "prompt_tuning", "--prompt_init", "text"], "go together"),
+        ("virtual_tokens", ["--peft", "prompt_tuning", "--num_virtual_tokens", "0"], "at least 1"),
+    )
+    def test_bad_flags_are_refused(self, flags, message):
+        with self.assertRaisesRegex(UsageError, message):
+            _config(*flags)
+
+
+class _SavedBase(parameterized.TestCase):
+    """A tiny model saved once, which every run fine-tunes."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.mkdtemp()
+        cls.base = os.path.join(cls.tmp, "base")
+        _tiny_model().save_pretrained(cls.base)
+        modeling.load_tokenizer(fixtures.sst2_tokenizer_dir()).save_pretrained(cls.base)
+
+    def run_fine_tune(self, name, *flags):
+        out = os.path.join(self.tmp, name)
+        args = fixtures.fine_tune_args(out, "--max_steps", "8", "--save_steps", "4", "--eval_steps", "4",
+                                       "--learning_rate", "1e-2", *flags)
+        at = args.index("--config_name")
+        args[at:at + 2] = ["--model_name_or_path", self.base]
+        return out, fine_tune_t5.main(args)
+
+    def dev_batch(self):
+        tokenizer = modeling.load_tokenizer(self.base)
+        sentences = [f"sst2 sentence: {s}" for s in fixtures.sst2_sentences(12)]
+        return tokenizer(sentences, return_tensors="pt", padding=True)
+
+
+class ExportTest(_SavedBase):
+
+    @parameterized.named_parameters(("lora", "lora", ["--lora_target_modules", ALL_LINEAR]), ("ia3", "ia3", []))
+    def test_merged_model_predicts_what_the_adapter_predicts(self, method, flags):
+        out, _ = self.run_fine_tune(method, "--peft", method, *flags)
+        merged = AutoModelForSeq2SeqLM.from_pretrained(os.path.join(out, "final")).eval()
+        adapter = PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(self.base),
+                                            os.path.join(out, "final", adapters.ADAPTER_DIR)).eval()
+        batch = self.dev_batch()
+        start = torch.zeros((len(batch["input_ids"]), 1), dtype=torch.long)
+        with torch.no_grad():
+            torch.testing.assert_close(merged(**batch, decoder_input_ids=start).logits,
+                                       adapter(**batch, decoder_input_ids=start).logits, rtol=1e-5, atol=1e-5)
+            generated = [m.generate(**batch, max_new_tokens=6, do_sample=False, num_beams=1) for m in (merged, adapter)]
+        self.assertTrue(torch.equal(*generated))
+        # The adapter trained: the merged model is not the base model.
+        base = load_file(os.path.join(self.base, "model.safetensors"))
+        final = load_file(os.path.join(out, "final", "model.safetensors"))
+        self.assertTrue(any(not torch.equal(base[n], final[n]) for n in base))
+
+    def test_frozen_weights_are_bitwise_unchanged_and_lora_is_exactly_b_a(self):
+        # Weight decay acts on what the optimizer holds: the frozen weights must not be among them.
+        out, _ = self.run_fine_tune("frozen", "--peft", "lora", "--lora_r", "4", "--lora_alpha", "8",
+                                    "--weight_decay", "0.1")
+        base = load_file(os.path.join(self.base, "model.safetensors"))
+        merged = load_file(os.path.join(out, "final", "model.safetensors"))
+        lora = load_file(os.path.join(out, "final", adapters.ADAPTER_DIR, "adapter_model.safetensors"))
+        self.assertEqual(merged.keys(), base.keys())
+        targeted = 0
+        for name, weight in base.items():
+            prefix = "base_model.model." + name.removesuffix(".weight")
+            if f"{prefix}.lora_A.weight" not in lora:
+                self.assertTrue(torch.equal(merged[name], weight), name)
+                continue
+            targeted += 1
+            delta = (8 / 4) * lora[f"{prefix}.lora_B.weight"] @ lora[f"{prefix}.lora_A.weight"]
+            self.assertGreater(delta.abs().max().item(), 0, name)
+            torch.testing.assert_close(merged[name], weight + delta, rtol=0, atol=1e-6, msg=name)
+        self.assertEqual(targeted, 2 * 2 + 2 * 4)  # q and v of every attention block
+
+    def test_checkpoints_hold_the_adapter_and_its_optimizer_state_only(self):
+        out, _ = self.run_fine_tune("checkpoint", "--peft", "lora")
+        step = checkpoint.checkpoint_dir(out, 8)
+        saved = load_file(os.path.join(step, "model.safetensors"))
+        self.assertTrue(saved and all("lora_" in name for name in saved), sorted(saved)[:3])
+        self.assertEqual(sum(t.numel() for t in saved.values()), 8 * (2 * 2 + 2 * 4) * (D_MODEL + INNER))
+        optimizer = torch.load(os.path.join(step, "optimizer.bin"), weights_only=True)
+        moments = [s["exp_avg"].numel() for s in optimizer["state"].values()]
+        self.assertEqual(sum(moments), sum(t.numel() for t in saved.values()))
+        full = os.path.getsize(os.path.join(self.base, "model.safetensors"))
+        self.assertLess(os.path.getsize(os.path.join(step, "model.safetensors")), 0.05 * full)
+        self.assertIsNotNone(run_dir.read_results(out))
+
+    def test_prompt_tuning_exports_its_adapter_and_evaluates_with_the_prompt(self):
+        out, results = self.run_fine_tune("prompt", "--peft", "prompt_tuning", "--num_virtual_tokens", "5")
+        final = os.path.join(out, "final")
+        self.assertFalse(os.path.exists(os.path.join(final, "config.json")))  # nothing to merge into
+        self.assertIsNotNone(run_dir.read_results(out))
+        model = PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(self.base),
+                                          os.path.join(final, adapters.ADAPTER_DIR)).eval()
+        batch = self.dev_batch()
+        decoder_input_ids = torch.zeros((len(batch["input_ids"]), 3), dtype=torch.long)
+        with torch.no_grad():
+            # Evaluation's own path (the encoder once, then the base model's decoder) equals peft's forward.
+            encoded, mask = adapters.encode(model, batch["input_ids"], batch["attention_mask"])
+            self.assertEqual(mask.shape[1], batch["attention_mask"].shape[1] + 5)
+            ours = adapters.base_model(model)(encoder_outputs=(encoded,), attention_mask=mask,
+                                              decoder_input_ids=decoder_input_ids).logits
+            peft_logits = model(**batch, decoder_input_ids=decoder_input_ids).logits
+            torch.testing.assert_close(ours, peft_logits, rtol=1e-5, atol=1e-5)
+            # ... and differs from the model without its prompt.
+            plain = adapters.base_model(model)(**batch, decoder_input_ids=decoder_input_ids).logits
+        self.assertFalse(torch.allclose(ours, plain, atol=1e-4))
+        self.assertIn("loss", results["eval"])
+
+
+class FeaturesTest(_SavedBase):
+
+    def test_accumulation_length_grouping_scoring_and_checkpointing_work_with_lora(self):
+        flags = ["--peft", "lora", "--gradient_accumulation_steps", "2", "--group_by_length",
+                 "--eval_decoding", "score", "--early_stopping_patience", "1", "--auto_find_batch_size",
+                 "--dropout_rate", "0.1"]
+        plain, _ = self.run_fine_tune("plain", *flags)
+        checkpointed, results = self.run_fine_tune("checkpointed", *flags, "--gradient_checkpointing")
+        # Non-reentrant checkpointing recomputes the forward with the same dropout masks; only the
+        # order of float sums in the gradients differs.
+        expected, got = run_dir.read_losses(plain), run_dir.read_losses(checkpointed)
+        self.assertLen(expected, 8)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=0)
+        self.assertIn("accuracy", results["eval"])
+
+    def test_non_finite_steps_leave_the_adapter_unchanged(self):
+        with fixtures.nan_on_steps({3, 4}):
+            out, _ = self.run_fine_tune("nonfinite", "--peft", "lora", "--save_steps", "1", "--save_total_limit",
+                                        "0", "--max_nonfinite_steps", "3")
+        weights = [load_file(os.path.join(checkpoint.checkpoint_dir(out, s), "model.safetensors")) for s in (2, 4)]
+        self.assertTrue(all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0]))
+
+
+if __name__ == "__main__":
+    absltest.main()
