@@ -37,6 +37,8 @@ if sweeps is None:
 SWEEPS_DIR = os.path.join(fixtures.REPO, "sweeps")
 GLUE = DATASET_VALS["glue"]
 FLAGS = {field.name for field in dataclasses.fields(fine_tune_t5.FineTuneConfig)}
+# Every shipped sweep and its GLUE task: one per task, and the adapter sweeps.
+SHIPPED = {**{f"glue_{task}.yaml": task for task in GLUE}, "lora_sst2.yaml": "sst2"}
 
 
 def load(path: str) -> dict:
@@ -52,16 +54,16 @@ def logged_eval_keys(entry) -> set[str]:
 
 class ShippedSweepsTest(parameterized.TestCase):
 
-    def test_one_sweep_per_glue_task(self):
+    def test_one_sweep_per_glue_task_and_the_adapter_sweeps(self):
         shipped = sorted(name for name in os.listdir(SWEEPS_DIR) if name.endswith(".yaml"))
-        self.assertEqual(shipped, sorted(f"glue_{task}.yaml" for task in GLUE))
+        self.assertEqual(shipped, sorted(SHIPPED))
 
-    @parameterized.named_parameters((task, task) for task in GLUE)
-    def test_sweep_matches_the_script_and_the_task(self, task):
-        sweep = load(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml"))
+    @parameterized.named_parameters((name.removesuffix(".yaml"), name, task) for name, task in SHIPPED.items())
+    def test_sweep_matches_the_script_and_the_task(self, name, task):
+        sweep = load(os.path.join(SWEEPS_DIR, name))
         self.assertEqual(sweeps.schema_violations_from_proposed_config(sweep), [])
         sweeps.SweepConfig(sweep)  # W&B's full validation, defaults filled in
-        self.assertEqual(schema.load_sweep(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml")), sweep)
+        self.assertEqual(schema.load_sweep(os.path.join(SWEEPS_DIR, name)), sweep)
 
         params = sweep["parameters"]
         self.assertContainsSubset(params, FLAGS)
@@ -82,9 +84,18 @@ class ShippedSweepsTest(parameterized.TestCase):
             # Hyperband counts evaluations; the offline runner sees each in its checkpoint.
             self.assertEqual(params["save_steps"], params["eval_steps"])
 
-    @parameterized.named_parameters((task, task) for task in GLUE)
-    def test_agent_command_parses_as_fine_tune_flags(self, task):
-        sweep = load(os.path.join(SWEEPS_DIR, f"glue_{task}.yaml"))
+    def test_lora_sweep_searches_rank_and_learning_rate_over_t5_layers(self):
+        sweep = load(os.path.join(SWEEPS_DIR, "lora_sst2.yaml"))
+        self.assertEqual(sweep["parameters"]["peft"], {"value": "lora"})
+        self.assertContainsSubset({"lora_r", "lora_alpha", "learning_rate"}, schema.searched(sweep))
+        # Every target list names layers t5-small has (an unknown one would fail the trial at start).
+        t5_linear = {"q", "k", "v", "o", "wi", "wo"}
+        for targets in sweep["parameters"]["lora_target_modules"]["values"]:
+            self.assertContainsSubset(targets.split(","), t5_linear)
+
+    @parameterized.named_parameters((name.removesuffix(".yaml"), name, task) for name, task in SHIPPED.items())
+    def test_agent_command_parses_as_fine_tune_flags(self, name, task):
+        sweep = load(os.path.join(SWEEPS_DIR, name))
         trial = {"params": engine.propose(sweep, [], seed=0)}
         with mock.patch.dict(os.environ, {"SLURM_JOB_ID": "4242"}):
             words = command.trial_command(sweep, trial, "runs/x/trial-000", ())
@@ -93,7 +104,7 @@ class ShippedSweepsTest(parameterized.TestCase):
         self.assertEqual(words[-3:], runner_flags)
         # What a W&B agent runs (without the offline runner's own last three flags).
         agent = parse_config(fine_tune_t5.FineTuneConfig, words[3:-3])
-        self.assertEqual(agent.output_dir, f"runs/sweep_glue_{task}/job-4242")
+        self.assertEqual(agent.output_dir, f"runs/sweep_{name.removesuffix('.yaml')}/job-4242")
         self.assertTrue(agent.overwrite_output_dir)
         self.assertEqual((agent.dataset_name, agent.report_to), (task, "wandb"))
         self.assertIs(type(trial["params"]["learning_rate"]), float)  # not np.float64

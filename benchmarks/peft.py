@@ -1,0 +1,200 @@
+"""Full fine-tuning against LoRA, IA3 and prompt tuning of one pretrained model, side by side in one run.
+
+    python benchmarks/peft.py                        # SST-2, 2,000 labelled rows, 600 steps, 3 paired seeds
+    python benchmarks/peft.py --methods full lora --seeds 0 --steps 100      # quick
+    python benchmarks/peft.py --pretrained runs/pt/final     # your own pretrained model (and its tokenizer)
+
+Every method fine-tunes the same pretrained model (by default t5-tiny pretrained on SST-2's
+training sentences with T5's recipe, as `pretraining_transfer.py --task sst2` does, whose run it
+reuses) on the same labelled rows for the same steps, seed for seed, each run in a fresh process.
+Per method it prints: trainable parameters, the size of one checkpoint (weights saved + optimizer
+state + RNG: what resuming needs), the process's peak memory (peak RSS, and its rise over the
+process after its imports), train samples/s, and dev accuracy (mean and per seed) with the paired
+difference from full fine-tuning. Goal: LoRA within 1 point of full fine-tuning's accuracy at a
+checkpoint under 5% of its size. Finished runs are read back, not repeated; results.json has it all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+# _harness first: importing it puts the repository root on the path for the project's modules.
+from _harness import REPO, child_main, run_child, set_environment  # noqa: E402
+
+# Each method's flags. The learning rates are each method's best of a pilot over 3e-4..1e-1
+# (README, "Parameter-efficient fine-tuning"): an adapter starts from nothing on a frozen model
+# and wants a rate 10-100x full fine-tuning's.
+METHODS = {
+    "full": ["--learning_rate", "1e-3"],
+    "lora": ["--peft", "lora", "--lora_r", "8", "--lora_alpha", "16", "--learning_rate", "1e-2"],
+    "ia3": ["--peft", "ia3", "--learning_rate", "3e-2"],
+    "prompt_tuning": ["--peft", "prompt_tuning", "--num_virtual_tokens", "20", "--learning_rate", "3e-2"],
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=list(METHODS))
+    parser.add_argument("--pretrained", default=None,
+                        help="a pretrained model folder (with its tokenizer); default: pretrain t5-tiny on SST-2 "
+                             "sentences, or reuse that run")
+    parser.add_argument("--pretrain_steps", type=int, default=1200)
+    parser.add_argument("--labelled", type=int, default=2000, help="labelled SST-2 training rows")
+    parser.add_argument("--steps", type=int, default=600, help="fine-tuning steps of 16 rows")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--learning_rate", action="append", default=[], metavar="METHOD=LR",
+                        help="override a method's learning rate, e.g. lora=3e-3 (repeatable)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0: torch's default)")
+    parser.add_argument("--output_dir", default=os.path.join(REPO, "runs", "peft_benchmark"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for override in args.learning_rate:
+        method, _, lr = override.partition("=")
+        if method not in METHODS or not lr:
+            parser.error(f"--learning_rate {override!r}: write METHOD=LR with METHOD one of {', '.join(METHODS)}")
+    return args
+
+
+def measure(job: dict) -> dict:
+    """One fine-tuning run in this (fresh) process: its results, checkpoint and memory figures."""
+    import resource
+
+    from safetensors import safe_open
+
+    import fine_tune_t5
+    from t5_training import checkpoint
+
+    start_rss = _rss_mib()
+    results = fine_tune_t5.main(job["flags"])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    newest = checkpoint.list_checkpoints(job["run_dir"])[-1]
+    files = {name: os.path.getsize(os.path.join(newest, name)) for name in os.listdir(newest)}
+    # A checkpoint holds exactly the weights that train: all of them for full fine-tuning, the
+    # adapter's for the others (checkpoint.save_checkpoint's trainable_only).
+    with safe_open(os.path.join(newest, "model.safetensors"), "pt") as f:
+        trainable = sum(_numel(f.get_slice(name).get_shape()) for name in f.keys())
+    return {"accuracy": results["eval"]["accuracy"], "loss": results["eval"]["loss"],
+            "samples_per_second": results["train"]["train_samples_per_second"], "trainable": trainable,
+            "checkpoint_bytes": sum(files.values()), "peak_rss_mib": round(peak, 1),
+            "rss_rise_mib": round(peak - start_rss, 1)}
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="utf-8") as f:
+        line = next(line for line in f if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def prepare(args) -> tuple[str, str, dict]:
+    """The pretrained model and its tokenizer, the labelled rows per seed and the dev rows."""
+    import demo
+    from pretraining_transfer import TASKS, pretrain_once
+    from t5_training import data
+    from t5_training.tasks import get_entry
+
+    task = TASKS["sst2"]
+    entry = get_entry(*task["entry"])
+    splits = data.load_splits(entry, data_dir=task["data_dir"])
+    study = os.path.join(REPO, "runs", "pretraining_transfer", "sst2")  # shared with that benchmark
+    corpus = demo.write_corpus(os.path.join(study, "corpus"), splits, task["column"])
+    if args.pretrained:
+        model = tokenizer = args.pretrained
+    else:
+        tokenizer = demo.make_tokenizer(os.path.join(study, "tokenizer"), splits["train"][task["column"]],
+                                        entry.label_words, task["vocab_size"])
+        folder = os.path.join(study, f"pretrain-t5_adafactor-{args.pretrain_steps}")
+        model = os.path.join(pretrain_once(folder, tokenizer, corpus, args.pretrain_steps, [])["dir"], "final")
+    rows = {seed: demo.write_labelled_rows(splits["train"], args.labelled, seed,
+                                           os.path.join(args.output_dir, "labelled", f"{args.labelled}-seed{seed}.jsonl"))
+            for seed in args.seeds}
+    return model, tokenizer, {"rows": rows, "dev": corpus["validation_rows"]}
+
+
+def flags_of(args, method: str, model: str, tokenizer: str, rows: str, dev: str, seed: int, run: str) -> list[str]:
+    lr = dict(o.partition("=")[::2] for o in args.learning_rate).get(method)
+    method_flags = list(METHODS[method])
+    if lr:
+        method_flags[method_flags.index("--learning_rate") + 1] = lr
+    return ["--benchmark", "glue", "--dataset_name", "sst2", "--model_name_or_path", model, "--tokenizer_name",
+            tokenizer, "--train_file", rows, "--validation_file", dev, "--max_source_length", "64",
+            "--max_target_length", "8", "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64",
+            "--max_steps", str(args.steps), "--warmup_steps", str(args.steps // 10), "--logging_steps", "50",
+            "--dropout_rate", "0.1", "--save_total_limit", "1", "--seed", str(seed), "--output_dir", run,
+            "--overwrite_output_dir", *method_flags]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    set_environment(args.threads)
+    if args.child:
+        child_main(args.child, measure)
+        return {}
+    model, tokenizer, data = prepare(args)
+    runs = {}
+    for seed in args.seeds:
+        for method in args.methods:  # methods alternate within a seed: no method always runs on a cold machine
+            folder = os.path.join(args.output_dir, f"{method}-seed{seed}")
+            job = {"name": f"{method}-seed{seed}", "run_dir": os.path.join(folder, "run"),
+                   "flags": flags_of(args, method, model, tokenizer, data["rows"][seed], data["dev"], seed,
+                                     os.path.join(folder, "run"))}
+            runs[(method, seed)] = _cached(os.path.join(folder, "benchmark.json"), job,
+                                           lambda j=job, f=folder: run_child(__file__, j, f))
+    table = summarize(args, runs)
+    results = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "model": model, "table": table}
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+def _cached(path: str, job: dict, run) -> dict:
+    """The run's figures, read back if this exact job already finished (runs are deterministic on CPU)."""
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        if saved["flags"] == job["flags"]:
+            return saved["result"]
+    result = run()
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"flags": job["flags"], "result": result}, f, indent=2)
+    return result
+
+
+def summarize(args, runs: dict) -> list[dict]:
+    from t5_training import reporting
+
+    table = []
+    full = [runs[("full", s)] for s in args.seeds] if "full" in args.methods else None
+    for method in args.methods:
+        mine = [runs[(method, s)] for s in args.seeds]
+        row = {"method": method, "trainable": mine[0]["trainable"],
+               "checkpoint MiB": round(mine[0]["checkpoint_bytes"] / 2**20, 3),
+               "peak MiB (rise)": f"{statistics.mean(r['peak_rss_mib'] for r in mine):.0f} "
+                                  f"({statistics.mean(r['rss_rise_mib'] for r in mine):.0f})",
+               "samples/s": round(statistics.median(r["samples_per_second"] for r in mine), 1),
+               "dev accuracy": round(statistics.mean(r["accuracy"] for r in mine), 2),
+               "per seed": " ".join(f"{r['accuracy']:.1f}" for r in mine),
+               "dev loss": round(statistics.mean(r["loss"] for r in mine), 3)}
+        if full:
+            row["checkpoint vs full"] = f"{100 * mine[0]['checkpoint_bytes'] / full[0]['checkpoint_bytes']:.1f}%"
+            d = reporting.paired_interval([r["accuracy"] for r in mine], [r["accuracy"] for r in full])
+            row["vs full (95% interval)"] = (f"{d['mean']:+.2f} ({d['low']:+.2f} to {d['high']:+.2f})"
+                                             if d["pairs"] > 1 else f"{d['mean']:+.2f}")
+        table.append(row)
+    print(f"\nSST-2, {args.labelled} labelled rows, {args.steps} steps of 16, seeds {args.seeds}; "
+          f"dev accuracy on all 872 dev rows")
+    print(reporting.format_table(table))
+    return table
+
+
+if __name__ == "__main__":
+    main()
