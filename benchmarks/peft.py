@@ -19,6 +19,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
+
+# This file's name would shadow the peft package for every import after it (transformers imports
+# peft): its folder goes to the end of the path, where _harness and pretraining_transfer are still found.
+sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import REPO, child_main, run_child, set_environment  # noqa: E402
