@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="override a method's learning rate, e.g. lora=3e-3 (repeatable)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0: torch's default)")
     parser.add_argument("--output_dir", default=os.path.join(REPO, "runs", "peft_benchmark"))
+    parser.add_argument("--study_dir", default=os.path.join(REPO, "runs", "pretraining_transfer", "sst2"),
+                        help="where the SST-2 corpus, tokenizer and pretraining live (shared with "
+                             "pretraining_transfer.py --task sst2)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for override in args.learning_rate:
@@ -110,7 +113,7 @@ def prepare(args) -> tuple[str, str, dict]:
     task = TASKS["sst2"]
     entry = get_entry(*task["entry"])
     splits = data.load_splits(entry, data_dir=task["data_dir"])
-    study = os.path.join(REPO, "runs", "pretraining_transfer", "sst2")  # shared with that benchmark
+    study = args.study_dir
     corpus = demo.write_corpus(os.path.join(study, "corpus"), splits, task["column"])
     if args.pretrained:
         model = tokenizer = args.pretrained

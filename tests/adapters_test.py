@@ -166,6 +166,9 @@ class ExportTest(_SavedBase):
         full = os.path.getsize(os.path.join(self.base, "model.safetensors"))
         self.assertLess(os.path.getsize(os.path.join(step, "model.safetensors")), 0.05 * full)
         self.assertIsNotNone(run_dir.read_results(out))
+        # The best evaluation's export has the same two forms as final/.
+        for name in ("config.json", os.path.join(adapters.ADAPTER_DIR, "adapter_config.json")):
+            self.assertTrue(os.path.isfile(os.path.join(out, "best", name)), name)
 
     def test_prompt_tuning_exports_its_adapter_and_evaluates_with_the_prompt(self):
         out, results = self.run_fine_tune("prompt", "--peft", "prompt_tuning", "--num_virtual_tokens", "5")

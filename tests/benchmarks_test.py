@@ -141,10 +141,6 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertEqual(results["largest_multiple"], 10.0)
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class PretrainingTransferTest(fixtures.TempDirTestCase):
     """benchmarks/pretraining_transfer.py at a toy size: paired runs, the interval, reuse of finished runs."""
 
@@ -176,3 +172,46 @@ class PretrainingTransferTest(fixtures.TempDirTestCase):
         self.assertEqual(again["pretrained accuracy"][:2], rows[0]["pretrained accuracy"])
         self.assertLen(again["pretrained accuracy"], 3)
         self.assertTrue(os.path.isdir(os.path.join(out, "fine_tune-t5_adafactor-3", "labelled20", "random_init-seed2")))
+
+
+class PeftBenchmarkTest(fixtures.TempDirTestCase):
+    """benchmarks/peft.py at a toy size: methods side by side, paired seeds, reuse of finished runs."""
+
+    def test_methods_are_measured_side_by_side_and_reused(self):
+        from t5_training import modeling
+
+        base = os.path.join(self.dir, "base")
+        tokenizer = modeling.load_tokenizer(fixtures.sst2_tokenizer_dir())
+        model = modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer)
+        model.save_pretrained(base)
+        tokenizer.save_pretrained(base)
+        out = os.path.join(self.dir, "out")
+        command = [sys.executable, os.path.join(BENCHMARKS, "peft.py"), "--pretrained", base, "--methods", "full",
+                   "lora", "--seeds", "0", "1", "--steps", "3", "--labelled", "24", "--threads", "1",
+                   "--output_dir", out, "--study_dir", os.path.join(self.dir, "study")]
+        done = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **QUICK_ENV})
+        self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
+        with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+            rows = {row["method"]: row for row in json.load(f)["table"]}
+        # Full fine-tuning trains every weight (the tied embedding once); LoRA r=8 on q and v
+        # trains 8 x (128 + 128) per matrix, 2 per encoder layer and 4 per decoder layer.
+        self.assertEqual(rows["full"]["trainable"], sum(p.numel() for p in model.parameters()))
+        self.assertEqual(rows["lora"]["trainable"], 8 * (128 + 128) * (2 * 2 + 2 * 4))
+        self.assertLess(rows["lora"]["checkpoint MiB"], 0.05 * rows["full"]["checkpoint MiB"])
+        self.assertEqual(rows["full"]["vs full (95% interval)"], "+0.00 (+0.00 to +0.00)")
+        self.assertLen(rows["lora"]["per seed"].split(), 2)
+        self.assertIn("lora", done.stdout)
+
+        # Run again: every run is read back, none trains.
+        saved = os.path.join(out, "lora-seed1", "benchmark.json")
+        before = os.stat(saved).st_mtime_ns
+        again = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, **QUICK_ENV})
+        self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+        self.assertEqual(os.stat(saved).st_mtime_ns, before)
+        self.assertNotIn("done in", again.stdout)
+
+
+if __name__ == "__main__":
+    absltest.main()
