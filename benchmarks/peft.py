@@ -152,6 +152,7 @@ def main(argv=None) -> dict:
     for seed in args.seeds:
         for method in args.methods:  # methods alternate within a seed: no method always runs on a cold machine
             folder = os.path.join(args.output_dir, f"{method}-seed{seed}")
+            os.makedirs(folder, exist_ok=True)
             job = {"name": f"{method}-seed{seed}", "run_dir": os.path.join(folder, "run"),
                    "flags": flags_of(args, method, model, tokenizer, data["rows"][seed], data["dev"], seed,
                                      os.path.join(folder, "run"))}
