@@ -50,8 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--labelled", type=int, default=2000, help="labelled SST-2 training rows")
     parser.add_argument("--steps", type=int, default=600, help="fine-tuning steps of 16 rows")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--learning_rate", action="append", default=[], metavar="METHOD=LR",
-                        help="override a method's learning rate, e.g. lora=3e-3 (repeatable)")
+    parser.add_argument("--method_flags", action="append", default=[], metavar="METHOD=FLAGS",
+                        help="fine_tune_t5.py flags added to a method's, which they override, e.g. "
+                             "'lora=--learning_rate 3e-3 --lora_r 16' (repeatable)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0: torch's default)")
     parser.add_argument("--output_dir", default=os.path.join(REPO, "runs", "peft_benchmark"))
     parser.add_argument("--study_dir", default=os.path.join(REPO, "runs", "pretraining_transfer", "sst2"),
@@ -59,10 +60,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "pretraining_transfer.py --task sst2)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for override in args.learning_rate:
-        method, _, lr = override.partition("=")
-        if method not in METHODS or not lr:
-            parser.error(f"--learning_rate {override!r}: write METHOD=LR with METHOD one of {', '.join(METHODS)}")
+    args.extra = {method: [] for method in METHODS}
+    for override in args.method_flags:
+        method, _, flags = override.partition("=")
+        if method not in METHODS or not flags.strip():
+            parser.error(f"--method_flags {override!r}: write METHOD=FLAGS with METHOD one of {', '.join(METHODS)}")
+        args.extra[method] += flags.split()
     return args
 
 
@@ -129,10 +132,8 @@ def prepare(args) -> tuple[str, str, dict]:
 
 
 def flags_of(args, method: str, model: str, tokenizer: str, rows: str, dev: str, seed: int, run: str) -> list[str]:
-    lr = dict(o.partition("=")[::2] for o in args.learning_rate).get(method)
-    method_flags = list(METHODS[method])
-    if lr:
-        method_flags[method_flags.index("--learning_rate") + 1] = lr
+    # The later of two equal flags wins, so --method_flags override the method's own.
+    method_flags = METHODS[method] + args.extra[method]
     return ["--benchmark", "glue", "--dataset_name", "sst2", "--model_name_or_path", model, "--tokenizer_name",
             tokenizer, "--train_file", rows, "--validation_file", dev, "--max_source_length", "64",
             "--max_target_length", "8", "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64",
@@ -159,7 +160,8 @@ def main(argv=None) -> dict:
             runs[(method, seed)] = _cached(os.path.join(folder, "benchmark.json"), job,
                                            lambda j=job, f=folder: run_child(__file__, j, f))
     table = summarize(args, runs)
-    results = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "model": model, "table": table}
+    results = {"settings": {k: v for k, v in vars(args).items() if k not in ("child", "extra")}, "model": model,
+               "flags": {method: METHODS[method] + args.extra[method] for method in args.methods}, "table": table}
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
