@@ -30,14 +30,16 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import REPO, child_main, run_child, set_environment  # noqa: E402
 
-# Each method's flags. The learning rates are each method's best of a pilot over 3e-4..1e-1
-# (README, "Parameter-efficient fine-tuning"): an adapter starts from nothing on a frozen model
-# and wants a rate 10-100x full fine-tuning's.
+# Each method's flags. The learning rates are each method's best in a pilot on SST-2 (1 seed,
+# 1,000 steps, 8,000 rows): full 1e-3; IA3 1e-1 (59.9%; at 3e-2 it stayed at the majority class);
+# LoRA stayed at the majority class at every rate and target set tried (q,v at 1e-2, 3e-2 and 1e-1;
+# all linear layers at 3e-3, 1e-2 and 3e-2), as does full fine-tuning with the embeddings frozen
+# (README, "Parameter-efficient fine-tuning"); prompt tuning 3e-1, Lester et al.'s rate.
 METHODS = {
     "full": ["--learning_rate", "1e-3"],
     "lora": ["--peft", "lora", "--lora_r", "8", "--lora_alpha", "16", "--learning_rate", "1e-2"],
-    "ia3": ["--peft", "ia3", "--learning_rate", "3e-2"],
-    "prompt_tuning": ["--peft", "prompt_tuning", "--num_virtual_tokens", "20", "--learning_rate", "3e-2"],
+    "ia3": ["--peft", "ia3", "--learning_rate", "1e-1"],
+    "prompt_tuning": ["--peft", "prompt_tuning", "--num_virtual_tokens", "20", "--learning_rate", "3e-1"],
 }
 
 
