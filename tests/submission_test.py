@@ -4,15 +4,23 @@ The mapping is checked on hand-made predictions; the files of CoLA, SST-2, MRPC 
 from fine_tune_t5.py --do_predict on the real test files in ../shared/data, where a tiny model's
 outputs that name no label fall back to the most frequent training label (STS-B: the mean).
 """
+import contextlib
+import csv
 import dataclasses
+import io
+import math
 import os
+import re
+import statistics
+import tempfile
 import zipfile
 from unittest import mock
 
 import datasets
 from absl.testing import absltest, parameterized
 
-from t5_training import submission
+import fine_tune_t5
+from t5_training import run_dir, submission
 from t5_training.errors import UsageError
 from t5_training.tasks import get_entry, make_formatter
 from tests import fixtures
@@ -203,6 +211,109 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
         no_hub = dataclasses.replace(get_entry("glue", "rte"), hub_path=None)
         with self.assertRaisesRegex(UsageError, r"^--do_predict reads the test files from --data_dir"):
             submission.load_test_splits(no_hub)
+
+
+def _read_tsv(path: str, quoting=csv.QUOTE_MINIMAL) -> list[list[str]]:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        return list(csv.reader(f, delimiter="\t", quoting=quoting))
+
+
+def _glue_form(task: str, prediction: str) -> str | None:
+    """What a raw prediction should be written as, worked out here independently; None when it names no label."""
+    if task == "stsb":
+        try:
+            score = float(prediction)
+        except ValueError:
+            return None
+        return f"{min(max(score, 0.0), 5.0):.3f}" if math.isfinite(score) else None
+    words = get_entry("glue", task).label_words
+    return str(words.index(prediction.strip())) if prediction.strip() in words else None
+
+
+# The most frequent training label (../shared/data/README.md: CoLA 6023 of 8551 acceptable, SST-2 37569
+# of 67349 positive, MRPC 2474 of 3668 equivalent), and for STS-B the mean of the training scores.
+STSB_TRAIN_MEAN = statistics.mean(float(row[-1]) for row in _read_tsv(os.path.join(DATA, "STS-B", "train.tsv"),
+                                                                        csv.QUOTE_NONE)[1:])
+FALLBACK = {"cola": "1", "sst2": "1", "mrpc": "1", "stsb": f"{STSB_TRAIN_MEAN:.3f}"}
+
+
+def run_script(out: str, task: str, folder: str, *flags: str) -> tuple[dict, str]:
+    """fine_tune_t5.main on a real GLUE task with the tiny model, and what it printed."""
+    args = fixtures.fine_tune_args(out, "--max_source_length", "32", "--per_device_eval_batch_size", "128",
+                                   "--save_total_limit", "1", *flags)
+    args[args.index("--dataset_name") + 1] = task
+    args[args.index("--data_dir") + 1] = os.path.join(DATA, folder)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = fine_tune_t5.main(args)
+    return result, printed.getvalue()
+
+
+class SubmissionFilesTest(parameterized.TestCase):
+    """The files fine_tune_t5.py --do_predict writes for the four GLUE tasks whose test files are here."""
+
+    def check_task_file(self, out: str, task: str, folder: str, name: str, rows: int, result: dict, printed: str):
+        """Rows, header, index order and label form of one task's file, its zip, and the fallback count printed."""
+        path = os.path.join(out, "submission", name)
+        lines = _read_lines(path)
+        self.assertEqual(lines[0], "index\tprediction")
+        self.assertLen(lines, rows + 1)  # every test row, whatever --max_eval_samples
+        written = [line.split("\t") for line in lines[1:]]
+        test_file = _read_tsv(os.path.join(DATA, folder, "test.tsv"), csv.QUOTE_NONE)
+        self.assertEqual([index for index, _ in written], [row[0] for row in test_file[1:]])
+        # What the model really said, row by row, against what was written for it.
+        predicted = [row[1] for row in _read_tsv(os.path.join(out, "predictions_test.tsv"))[1:]]
+        expected = [_glue_form(task, text) for text in predicted]
+        unmapped = expected.count(None)
+        self.assertEqual([value for _, value in written], [e or FALLBACK[task] for e in expected])
+        for _, value in written:
+            if task == "stsb":
+                self.assertTrue(0.0 <= float(value) <= 5.0 and re.fullmatch(r"\d\.\d{3}", value), value)
+            else:
+                self.assertIn(value, ("0", "1"))
+        why = "the training mean" if task == "stsb" else "the most frequent training label"
+        self.assertIn(f"{path}: {rows} rows; {unmapped} predictions matched no label and were written as "
+                      f"{FALLBACK[task]}, {why}\n", printed)
+        self.assertEqual(result["predict"], {name: {"rows": rows, "unmapped": unmapped},
+                                             "zip": os.path.join(out, "submission.zip")})
+        with zipfile.ZipFile(os.path.join(out, "submission.zip")) as archive:
+            self.assertEqual(archive.namelist(), [name])
+            with open(path, "rb") as f:
+                self.assertEqual(archive.read(name), f.read())
+        self.assertEqual(os.listdir(os.path.join(out, "submission")), [name])
+        return unmapped
+
+    @parameterized.named_parameters(
+        ("cola", "cola", "CoLA", "CoLA.tsv", 1063),
+        ("mrpc", "mrpc", "MRPC", "MRPC.tsv", 1725),
+        ("stsb", "stsb", "STS-B", "STS-B.tsv", 1379),
+    )
+    def test_after_training(self, task, folder, name, rows):
+        with tempfile.TemporaryDirectory() as out:
+            result, printed = run_script(out, task, folder, "--max_steps", "2", "--do_predict")
+            # Two steps teach the tiny model nothing: its outputs fall back to the training label.
+            self.assertGreater(self.check_task_file(out, task, folder, name, rows, result, printed), 0)
+            self.assertTrue(os.path.isdir(os.path.join(out, "final")))
+
+    def test_sst2_trained_then_predicted_without_training(self):
+        with tempfile.TemporaryDirectory() as trained, tempfile.TemporaryDirectory() as root:
+            # A few steps at a high rate: the model answers with a label word, so rows map.
+            result, printed = run_script(trained, "sst2", "SST-2", "--max_steps", "6", "--learning_rate", "3e-3",
+                                         "--do_predict")
+            unmapped = self.check_task_file(trained, "sst2", "SST-2", "SST-2.tsv", 1821, result, printed)
+            self.assertLess(unmapped, 1821)
+            # --do_train false loads the exported model, evaluates and predicts: the same file.
+            out = os.path.join(root, "predict")
+            model = ["--model_name_or_path", os.path.join(trained, "final"), "--do_train", "false", "--do_predict"]
+            again, printed = run_script(out, "sst2", "SST-2", *model)
+            self.check_task_file(out, "sst2", "SST-2", "SST-2.tsv", 1821, again, printed)
+            with open(os.path.join(trained, "submission", "SST-2.tsv"), "rb") as a, \
+                    open(os.path.join(out, "submission", "SST-2.tsv"), "rb") as b:
+                self.assertEqual(a.read(), b.read())
+            self.assertEqual(again["eval"]["accuracy"], result["eval"]["accuracy"])
+            self.assertEqual(sorted(os.listdir(out)), ["eval_results.json", "predictions_test.tsv",
+                                                       "predictions_validation.tsv", "submission", "submission.zip"])
+            self.assertEqual(run_dir.read_final_eval(out)["accuracy"], result["eval"]["accuracy"])
 
 
 if __name__ == "__main__":
