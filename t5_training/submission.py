@@ -54,7 +54,7 @@ def load_test_splits(entry: TaskEntry, *, data_dir: str | None = None, trust_rem
     for test in entry.submission.splits:
         ds = _read_test_split(entry, test, data_dir, trust_remote_code)
         if ds is None:
-            log(f"{test.file} not written: no {entry.submission.local.splits[test.name]} beside --data_dir")
+            log(f"{test.file} not written: --data_dir has no {entry.submission.local.splits[test.name]}")
             continue
         if entry.target not in ds.column_names:  # GLUE's test files have no label column
             ds = ds.add_column(entry.target, [kind_of(entry).unlabelled] * len(ds))

@@ -174,7 +174,7 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
         log = []
         splits = self._load("mnli", os.path.join(self.dir, "mnli"), log)
         self.assertEqual(sorted(splits), ["test_matched", "test_mismatched"])
-        self.assertEqual(log, ["AX.tsv not written: no ../diagnostic/diagnostic.tsv beside --data_dir"])
+        self.assertEqual(log, ["AX.tsv not written: --data_dir has no ../diagnostic/diagnostic.tsv"])
 
     def test_missing_test_file_is_named(self):
         os.remove(os.path.join(self.dir, "mnli", "test_mismatched.tsv"))
