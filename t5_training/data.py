@@ -302,7 +302,7 @@ def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int
 
 
 def ordered_loaders(splits: dict, config, tokenizer, decoder_start_token_id: int) -> dict:
-    """One loader per split, in the split's order (eval splits, test splits), batches of --per_device_eval_batch_size."""
+    """One loader per split (eval or test), in the split's order, of --per_device_eval_batch_size rows."""
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     return {split: torch.utils.data.DataLoader(model_columns(ds), batch_size=config.per_device_eval_batch_size,
                                                collate_fn=collate, **loader_workers(config))
