@@ -2,8 +2,9 @@
 
 `DATASET_VALS[benchmark][task]` is a `TaskEntry`. An entry says how a row becomes T5 text
 (prefix, input columns in T5's order, label words), how predictions are scored (T5's metrics,
-the one to optimize) and where the rows come from (a hub name, the original files' layout on
-disk, or a corpus shipped inside a Python package). Nothing here runs: `t5_training.tasks`
+the one to optimize), where the rows come from (a hub name, the original files' layout on
+disk, or a corpus shipped inside a Python package) and, for a leaderboard, where the unlabelled
+test rows are and the files their predictions go to. Nothing here runs: `t5_training.tasks`
 builds the formatting and scoring functions from an entry, so adding a dataset is adding one
 entry (see README, "Adding a dataset").
 
@@ -54,6 +55,39 @@ class PackageCorpus:
 
 
 @dataclass(frozen=True)
+class TestSplit:
+    """One unlabelled test split and the file its predictions go to on the benchmark's leaderboard.
+
+    `name` is the split's key in `Submission.local.splits` and, unless `hub_split` says
+    otherwise, its hub split name; `hub_name` is the hub config when not the entry's own
+    (GLUE's diagnostic set is its own config, "ax", predicted with the MNLI model).
+    """
+
+    name: str
+    file: str
+    hub_name: str | None = None
+    hub_split: str | None = None
+    # Predicted only where its file is present: GLUE's download keeps the diagnostic set apart.
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Submission:
+    """How a leaderboard takes a task's test predictions (fine_tune_t5.py --do_predict).
+
+    `local` is the layout of the unlabelled test files in --data_dir: it differs from the
+    labelled files' (CoLA's test file has a header, QQP's numbers its rows in an `id` column),
+    and maps the file's row number column to `index`. `labels` is what each class id is written
+    as; a regression's scores are clipped to `score_range`.
+    """
+
+    splits: tuple[TestSplit, ...]
+    local: LocalFiles
+    labels: tuple[str, ...] = ()
+    score_range: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
 class TaskEntry:
     """One dataset cast as text to text. See the module docstring."""
 
@@ -74,10 +108,18 @@ class TaskEntry:
     hub_name: str | None = None
     local: LocalFiles | None = None
     package_corpus: PackageCorpus | None = None
+    submission: Submission | None = None
 
 
 GLUE_HUB = "nyu-mll/glue"
 _DEV = {"train": "train.tsv", "validation": "dev.tsv"}
+# GLUE's leaderboard (gluebenchmark.com) takes one file per test set, named as below, with a header
+# "index<TAB>prediction" and a row per test row: 0/1 where GLUE's own files label by id, the label
+# name for the inference tasks, a score for STS-B. Every test file numbers its rows in an `index`
+# column, but QQP's, which calls it `id`.
+_TEST = {"test": "test.tsv"}
+_IDS = ("0", "1")
+_PAIR_TEST = LocalFiles(splits=_TEST, columns={"index": "index", "sentence1": "sentence1", "sentence2": "sentence2"})
 
 GLUE: Mapping[str, TaskEntry] = {
     "cola": TaskEntry(
@@ -90,6 +132,8 @@ GLUE: Mapping[str, TaskEntry] = {
         hub_name="cola",
         # source, label, original annotation, sentence; no header row.
         local=LocalFiles(splits=_DEV, header=False, columns={"1": "label", "3": "sentence"}),
+        submission=Submission(splits=(TestSplit("test", "CoLA.tsv"),), labels=_IDS,
+                              local=LocalFiles(splits=_TEST, columns={"index": "index", "sentence": "sentence"})),
     ),
     "sst2": TaskEntry(
         prefix="sst2",
@@ -98,6 +142,8 @@ GLUE: Mapping[str, TaskEntry] = {
         hub_path=GLUE_HUB,
         hub_name="sst2",
         local=LocalFiles(splits=_DEV, columns={"sentence": "sentence", "label": "label"}),
+        submission=Submission(splits=(TestSplit("test", "SST-2.tsv"),), labels=_IDS,
+                              local=LocalFiles(splits=_TEST, columns={"index": "index", "sentence": "sentence"})),
     ),
     "mrpc": TaskEntry(
         prefix="mrpc",
@@ -110,6 +156,11 @@ GLUE: Mapping[str, TaskEntry] = {
         local=LocalFiles(
             splits=_DEV,
             columns={"Quality": "label", "#1 String": "sentence1", "#2 String": "sentence2"},
+        ),
+        submission=Submission(
+            splits=(TestSplit("test", "MRPC.tsv"),), labels=_IDS,
+            local=LocalFiles(splits=_TEST,
+                             columns={"index": "index", "#1 String": "sentence1", "#2 String": "sentence2"}),
         ),
     ),
     "qqp": TaskEntry(
@@ -124,6 +175,10 @@ GLUE: Mapping[str, TaskEntry] = {
             splits=_DEV,
             columns={"question1": "question1", "question2": "question2", "is_duplicate": "label"},
         ),
+        submission=Submission(
+            splits=(TestSplit("test", "QQP.tsv"),), labels=_IDS,
+            local=LocalFiles(splits=_TEST, columns={"id": "index", "question1": "question1", "question2": "question2"}),
+        ),
     ),
     "stsb": TaskEntry(
         prefix="stsb",
@@ -137,6 +192,8 @@ GLUE: Mapping[str, TaskEntry] = {
             splits=_DEV,
             columns={"sentence1": "sentence1", "sentence2": "sentence2", "score": "label"},
         ),
+        submission=Submission(
+            splits=(TestSplit("test", "STS-B.tsv"),), score_range=(0.0, 5.0), local=_PAIR_TEST),
     ),
     "mnli": TaskEntry(
         prefix="mnli",
@@ -155,6 +212,17 @@ GLUE: Mapping[str, TaskEntry] = {
             # The TSV's sentence1 is the premise and sentence2 the hypothesis.
             columns={"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"},
         ),
+        submission=Submission(
+            splits=(TestSplit("test_matched", "MNLI-m.tsv"), TestSplit("test_mismatched", "MNLI-mm.tsv"),
+                    TestSplit("ax", "AX.tsv", hub_name="ax", hub_split="test", optional=True)),
+            labels=("entailment", "neutral", "contradiction"),
+            local=LocalFiles(
+                # GLUE's download script puts the diagnostic set in glue_data/diagnostic/, beside MNLI/.
+                splits={"test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv",
+                        "ax": "../diagnostic/diagnostic.tsv"},
+                columns={"index": "index", "sentence1": "premise", "sentence2": "hypothesis"},
+            ),
+        ),
     ),
     "qnli": TaskEntry(
         prefix="qnli",
@@ -165,6 +233,10 @@ GLUE: Mapping[str, TaskEntry] = {
         local=LocalFiles(
             splits=_DEV,
             columns={"question": "question", "sentence": "sentence", "label": "label"},
+        ),
+        submission=Submission(
+            splits=(TestSplit("test", "QNLI.tsv"),), labels=("entailment", "not_entailment"),
+            local=LocalFiles(splits=_TEST, columns={"index": "index", "question": "question", "sentence": "sentence"}),
         ),
     ),
     "rte": TaskEntry(
@@ -177,6 +249,8 @@ GLUE: Mapping[str, TaskEntry] = {
             splits=_DEV,
             columns={"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
         ),
+        submission=Submission(splits=(TestSplit("test", "RTE.tsv"),), labels=("entailment", "not_entailment"),
+                              local=_PAIR_TEST),
     ),
     "wnli": TaskEntry(
         prefix="wnli",
@@ -189,6 +263,7 @@ GLUE: Mapping[str, TaskEntry] = {
             splits=_DEV,
             columns={"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
         ),
+        submission=Submission(splits=(TestSplit("test", "WNLI.tsv"),), labels=_IDS, local=_PAIR_TEST),
     ),
 }
 

@@ -6,9 +6,13 @@
     python fine_tune_t5.py --benchmark glue --dataset_name sst2 --data_dir ../shared/data/SST-2 ...
     # flags from a file, overridden on the command line:
     python fine_tune_t5.py --config run.yaml --learning_rate 1e-4
+    # GLUE's leaderboard files from a trained model, no training:
+    python fine_tune_t5.py --benchmark glue --dataset_name sst2 --model_name_or_path runs/sst2/best \
+        --do_train false --do_predict --data_dir ../shared/data/SST-2 --output_dir runs/sst2-test
 
 Writes to --output_dir: step-NNNNNN/ checkpoints, best/ and final/ models (save_pretrained),
-eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png.
+eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png; with
+--do_predict, submission/<Task>.tsv and submission.zip (t5_training/submission.py).
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training import adapters, agreement, batch_size, checkpoint, data, evaluation, loop, run_dir, runtime
+from t5_training import (adapters, agreement, batch_size, checkpoint, data, evaluation, loop, run_dir, runtime,
+                         submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -49,6 +54,12 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, TrainingConfig):
         default=False, metadata={"help": "Porter-stem words before ROUGE. T5 reports ROUGE unstemmed (the default); "
                                          "stemmed scores are higher and not comparable with T5's."})
     project_name: str = field(default="t5-fine-tune", metadata={"help": "Tracker (W&B) project."})
+    do_train: bool = field(
+        default=True, metadata={"help": "Train. false: only evaluate --model_name_or_path on the eval splits "
+                                        "(and predict, with --do_predict): no optimizer, no checkpoints."})
+    do_predict: bool = field(
+        default=False, metadata={"help": "Predict the unlabelled test splits with the final model and write the "
+                                         "leaderboard's files: submission/<Task>.tsv and submission.zip."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -59,10 +70,23 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, TrainingConfig):
                 raise UsageError(f"--{name} must be >= 0 (0 or unset means every row), got {getattr(self, name)}")
         if bool(self.train_file) != bool(self.validation_file):
             raise UsageError("pass both --train_file and --validation_file, or neither")
+        if not self.do_train:
+            self._check_evaluation_only()
+
+    def _check_evaluation_only(self):
+        if not self.model_name_or_path:
+            raise UsageError("--do_train false evaluates a trained model: pass it as --model_name_or_path "
+                             "(e.g. runs/sst2/best)")
+        if self.resume_from_checkpoint:
+            raise UsageError("--resume_from_checkpoint continues training; with --do_train false pass the model "
+                             "as --model_name_or_path instead")
+        if self.peft != "none":
+            raise UsageError(f"--peft {self.peft} trains a new adapter; with --do_train false pass the trained "
+                             "model's merged export (its best/ or final/) as --model_name_or_path, without --peft")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
+    """Parses and builds; trains and exports (or only evaluates: --do_train false); predicts (--do_predict)."""
     config = parse_config(FineTuneConfig, argv)
     entry = get_entry(config.benchmark, config.dataset_name)
     resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
@@ -74,9 +98,23 @@ def main(argv: list[str] | None = None) -> dict:
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
     model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path)
 
-    task = agreement.main_process_first(accelerator,
-                                        lambda: data.build_task_data(entry, config, tokenizer, accelerator.print))
+    # Every input, test files included, is read and checked before anything is written.
+    task, tests = agreement.main_process_first(accelerator, lambda: (
+        data.build_task_data(entry, config, tokenizer, accelerator.print, train=config.do_train),
+        submission.build_test_data(entry, config, tokenizer, accelerator.print) if config.do_predict else {}))
     start_id = model.config.decoder_start_token_id
+    if config.do_train:
+        model, results = train(accelerator, config, entry, task, model, tokenizer, start_id, decoding, resume_path)
+    else:
+        model, results = evaluate(accelerator, config, entry, task, model, tokenizer, start_id, decoding)
+    if config.do_predict:
+        results["predict"] = predict(accelerator, config, entry, task, tests, model, tokenizer, start_id, decoding)
+    runtime.close(accelerator)
+    return results
+
+
+def train(accelerator, config, entry, task, model, tokenizer, start_id, decoding, resume_path):
+    """Prepares, resumes, trains and exports; returns the trained model and the results files' contents."""
     longest = data.make_longest_batch(task, tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
     train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id, accelerator.num_processes)
@@ -85,15 +123,42 @@ def main(argv: list[str] | None = None) -> dict:
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler)
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = loop.Objective(entry.metric_to_optimize, entry.greater_is_better)
-    evaluate = evaluation.make_generation_evaluator(accelerator, entry, task, run.eval_loaders, tokenizer,
-                                                    config.output_dir, decoding, config.max_target_length,
-                                                    config.rouge_use_stemmer)
-    state = loop.train(accelerator, config, run, state, evaluate=evaluate, objective=objective,
+    evaluate_fn = make_evaluator(accelerator, config, entry, task, run.eval_loaders, tokenizer, decoding)
+    state = loop.train(accelerator, config, run, state, evaluate=evaluate_fn, objective=objective,
                        export=run_dir.exporter(accelerator, tokenizer, config.output_dir))
     run_dir.export_final(accelerator, run.model, tokenizer, config.output_dir)
-    results = run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
-    runtime.close(accelerator)
-    return results
+    return run.model, run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
+
+
+def evaluate(accelerator, config, entry, task, model, tokenizer, start_id, decoding):
+    """--do_train false: the model's metrics on the eval splits, logged and written to eval_results.json."""
+    model, eval_loaders = runtime.prepare_inference(
+        accelerator, model, data.ordered_loaders(task.evals, config, tokenizer, start_id))
+    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=False)
+    runtime.init_trackers(accelerator, config, config.project_name)
+    model.eval()
+    results = make_evaluator(accelerator, config, entry, task, eval_loaders, tokenizer, decoding)(model)
+    accelerator.log({f"eval/{key}": value for key, value in results.items()}, step=0)
+    return model, {"eval": run_dir.write_eval_results(accelerator, config.output_dir, results)}
+
+
+def make_evaluator(accelerator, config, entry, task, eval_loaders, tokenizer, decoding):
+    """The eval splits' evaluator, alike in both paths (evaluation.make_generation_evaluator)."""
+    return evaluation.make_generation_evaluator(accelerator, entry, task, eval_loaders, tokenizer, config.output_dir,
+                                                decoding, config.max_target_length, config.rouge_use_stemmer)
+
+
+def predict(accelerator, config, entry, task, tests, model, tokenizer, start_id, decoding) -> dict:
+    """--do_predict: every test row decoded as the eval rows are, written as the leaderboard's files."""
+    loaders = runtime.prepare_loaders(accelerator, data.ordered_loaders(tests, config, tokenizer, start_id))
+    predictions = evaluation.make_test_predictor(accelerator, entry, tests, loaders, tokenizer, config.output_dir,
+                                                 decoding, config.max_target_length, task.max_target_tokens)(model)
+    written = {}
+    if accelerator.is_main_process:
+        written = submission.write_submission(entry, tests, predictions, task.train_labels, config.output_dir,
+                                              accelerator.print)
+    accelerator.wait_for_everyone()
+    return written
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ columns, so formatting and scoring never ask where rows came from.
 """
 from __future__ import annotations
 
-import csv
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -17,11 +16,11 @@ import datasets
 import numpy as np
 import torch
 
-from constants import LocalFiles, PackageCorpus, TaskEntry
+from constants import PackageCorpus, TaskEntry
 from t5_training.errors import UsageError
 from t5_training.resume import batch_layout, global_batch
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
-from t5_training.table_files import read_table_file, scan_lines
+from t5_training.table_files import read_original_file, read_table_file
 from t5_training.tasks import kind_of, make_formatter, make_label_normalizer, required_columns
 
 # Batches are padded to their longest row, rounded up to this multiple on a GPU only: tensor
@@ -56,14 +55,20 @@ def load_splits(
     elif entry.package_corpus:
         raw = _read_package_corpus(entry, entry.package_corpus)
     elif entry.hub_path:
-        raw = {split: _load_hub_split(entry, split, trust_remote_code) for split in wanted}
+        raw = {split: load_hub_split(entry.hub_path, entry.hub_name, split, trust_remote_code) for split in wanted}
     else:
         raise UsageError("this task has no built-in source: pass --train_file and --validation_file (CSV or JSONL)")
-    return {split: _canonical(entry, ds, split) for split, ds in raw.items()}
+    return {split: canonical(entry, ds, split) for split, ds in raw.items()}
 
 
-def _canonical(entry: TaskEntry, ds: datasets.Dataset, split: str) -> datasets.Dataset:
-    missing = [c for c in required_columns(entry) if c not in ds.column_names]
+def canonical(entry: TaskEntry, ds: datasets.Dataset, split: str, *, keep: Sequence[str] = (),
+              unlabelled_ok: bool = False) -> datasets.Dataset:
+    """The entry's columns (and `keep`) of a split, its labels checked and made canonical.
+
+    `unlabelled_ok` is for test splits alone: there a row may have no label (tasks.is_unlabelled).
+    """
+    wanted = [*required_columns(entry), *keep]
+    missing = [c for c in wanted if c not in ds.column_names]
     if missing:
         raise UsageError(
             f"{split} split has no column {missing[0]!r}; columns found: {', '.join(ds.column_names)}. "
@@ -71,11 +76,11 @@ def _canonical(entry: TaskEntry, ds: datasets.Dataset, split: str) -> datasets.D
         )
     if len(ds) == 0:
         raise UsageError(f"{split} split is empty; point the run at a file with rows")
-    ds = ds.select_columns(list(required_columns(entry)))
+    ds = ds.select_columns(wanted)
     # Explicit features: without them, map casts the new labels back to the column's old type
     # when the rows come from a cache file (load_dataset), so label words became "0"/"1".
     features = datasets.Features({**ds.features, entry.target: datasets.Value(kind_of(entry).target_type)})
-    return ds.map(make_label_normalizer(entry, f"{split} split"), batched=True, with_indices=True,
+    return ds.map(make_label_normalizer(entry, f"{split} split", unlabelled_ok), batched=True, with_indices=True,
                   features=features, desc=f"checking {split} labels")
 
 
@@ -84,34 +89,8 @@ def _read_local_files(entry: TaskEntry, data_dir: str, splits: Sequence[str]) ->
         raise UsageError(f"--data_dir {data_dir!r} is not a directory; point it at the folder with the task's files")
     if entry.local is None:
         raise UsageError("this task has no local file layout: pass --train_file/--validation_file instead of --data_dir")
-    return {split: _read_delimited(os.path.join(data_dir, entry.local.splits[split]), entry.local)
+    return {split: read_original_file(os.path.join(data_dir, entry.local.splits[split]), entry.local)
             for split in splits}
-
-
-def _read_delimited(path: str, layout: LocalFiles) -> datasets.Dataset:
-    """Reads one original file (e.g. a GLUE TSV) with the entry's layout, renaming its columns."""
-    if not os.path.isfile(path):
-        raise UsageError(f"{path} not found; --data_dir must hold {os.path.basename(path)}")
-    columns: dict[str, list[str]] = {new: [] for new in layout.columns.values()}
-    try:
-        with open(path, encoding=layout.encoding, newline="") as f:
-            reader = csv.reader(f, delimiter=layout.delimiter, quoting=layout.quoting)
-            names = next(reader, []) if layout.header else None
-            for line, row in enumerate(reader, start=2 if layout.header else 1):
-                if not row:
-                    continue
-                if names is None:
-                    names = [str(i) for i in range(len(row))]
-                record = dict(zip(names, row))
-                missing = [old for old in layout.columns if old not in record]
-                if missing:
-                    raise UsageError(f"{path} line {line}: no column {missing[0]!r}; columns found: "
-                                     f"{', '.join(record)}. Is --data_dir the right dataset?")
-                for old, new in layout.columns.items():
-                    columns[new].append(record[old])
-    except UnicodeDecodeError as err:
-        raise (scan_lines(path, layout.encoding)[1] or err) from None
-    return datasets.Dataset.from_dict(columns)
 
 
 def _read_package_corpus(entry: TaskEntry, corpus: PackageCorpus) -> dict[str, datasets.Dataset]:
@@ -134,11 +113,12 @@ def _read_package_corpus(entry: TaskEntry, corpus: PackageCorpus) -> dict[str, d
     return {entry.train_split: train, entry.eval_splits[0]: datasets.Dataset.from_dict(rows[entry.eval_splits[0]])}
 
 
-def _load_hub_split(entry: TaskEntry, split: str, trust_remote_code: bool) -> datasets.Dataset:
+def load_hub_split(path: str, name: str | None, split: str, trust_remote_code: bool) -> datasets.Dataset:
+    """One split of a hub dataset, or a UsageError that says to use local files offline."""
     try:
-        return datasets.load_dataset(entry.hub_path, entry.hub_name, split=split, trust_remote_code=trust_remote_code)
+        return datasets.load_dataset(path, name, split=split, trust_remote_code=trust_remote_code)
     except (ConnectionError, OSError) as err:
-        raise UsageError(f"could not load {entry.hub_path}/{entry.hub_name} from the hub ({type(err).__name__}); "
+        raise UsageError(f"could not load {path}/{name} from the hub ({type(err).__name__}); "
                          "offline, pass --data_dir with the original files") from None
 
 
@@ -232,21 +212,31 @@ def model_columns(ds: datasets.Dataset) -> datasets.Dataset:
 
 @dataclass(frozen=True)
 class TaskData:
-    """Tokenized splits of a task. Eval splits keep their text and an `idx` per row."""
+    """Tokenized splits of a task. Eval splits keep their text and an `idx` per row.
 
-    train: datasets.Dataset
+    `train` is None in a run that does not train (--do_train false). `train_labels` holds the
+    canonical label of every training row (--max_train_samples aside) all the same: a test
+    prediction that maps to no label is written as their most frequent class (submission.py).
+    """
+
+    train: datasets.Dataset | None
     evals: dict[str, datasets.Dataset]
     max_target_tokens: int
+    train_labels: tuple = ()
 
 
-def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
+def build_task_data(entry: TaskEntry, config, tokenizer, log=print, *, train: bool = True) -> TaskData:
     """Loads, checks, formats and tokenizes the train and eval splits of `entry` for `config`.
 
     `config` supplies the data flags of fine_tune_t5.py (data_dir, train_file, validation_file,
     max_source_length, max_target_length, max_train_samples, max_eval_samples, trust_remote_code).
+    With `train` False the training split is read for its labels alone, not tokenized.
     """
     raw = load_splits(entry, data_dir=config.data_dir, train_file=config.train_file,
                       validation_file=config.validation_file, trust_remote_code=config.trust_remote_code)
+    train_labels = tuple(column_values(raw[entry.train_split], entry.target)) if entry.train_split in raw else ()
+    if not train:
+        raw.pop(entry.train_split, None)
     limits = {entry.train_split: config.max_train_samples}
     limits.update({split: config.max_eval_samples for split in entry.eval_splits})
     tokenized = {}
@@ -263,19 +253,30 @@ def build_task_data(entry: TaskEntry, config, tokenizer, log=print) -> TaskData:
     if not eval_splits:
         raise UsageError(f"no {entry.eval_splits[0]} split found; pass --validation_file or a --data_dir that has it")
     for split in eval_splits:
-        ds = tokenized[split].add_column("idx", list(range(len(tokenized[split]))))
-        # Longest first: generation batches then hold rows of similar length, and an
-        # out-of-memory error shows up on the first batch rather than the last.
-        lengths = [len(ids) for ids in ds["input_ids"]]
-        evals[split] = ds.select(sorted(range(len(ds)), key=lambda i: -lengths[i]))
+        evals[split] = ordered_for_decoding(tokenized[split])
     longest_target = max(max(len(ids) for ids in ds["labels"]) for ds in evals.values())
-    return TaskData(train=tokenized[entry.train_split], evals=evals, max_target_tokens=longest_target)
+    return TaskData(train=tokenized.get(entry.train_split), evals=evals, max_target_tokens=longest_target,
+                    train_labels=train_labels)
+
+
+def ordered_for_decoding(ds: datasets.Dataset) -> datasets.Dataset:
+    """A tokenized split with its row number in `idx`, longest input first."""
+    ds = ds.add_column("idx", list(range(len(ds))))
+    # Longest first: generation batches then hold rows of similar length, and an
+    # out-of-memory error shows up on the first batch rather than the last.
+    lengths = [len(ids) for ids in column_values(ds, "input_ids")]
+    return ds.select(sorted(range(len(ds)), key=lambda i: -lengths[i]))
+
+
+def column_values(ds: datasets.Dataset, column: str) -> list:
+    """A column as a list, read through Arrow in one go (iterating `ds[column]` formats row by row, ~30 µs each)."""
+    return ds.select_columns([column]).to_dict()[column]
 
 
 def in_row_order(split, column: str) -> list:
     """An eval split's `column` in the rows' original order, undoing the longest-first sort above."""
     values = [None] * len(split)
-    for i, value in zip(split["idx"], split[column]):
+    for i, value in zip(column_values(split, "idx"), column_values(split, column)):
         values[i] = value
     return values
 
@@ -297,12 +298,15 @@ def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int
         # Its own generator: creating an iterator then draws from it, not from the global RNG.
         generator=torch.Generator().manual_seed(config.seed),
     )
-    eval_loaders = {
-        split: torch.utils.data.DataLoader(model_columns(ds), batch_size=config.per_device_eval_batch_size,
-                                           collate_fn=collate, **workers)
-        for split, ds in task.evals.items()
-    }
-    return train_loader, eval_loaders
+    return train_loader, ordered_loaders(task.evals, config, tokenizer, decoder_start_token_id)
+
+
+def ordered_loaders(splits: dict, config, tokenizer, decoder_start_token_id: int) -> dict:
+    """One loader per split (eval or test), in the split's order, of --per_device_eval_batch_size rows."""
+    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
+    return {split: torch.utils.data.DataLoader(model_columns(ds), batch_size=config.per_device_eval_batch_size,
+                                               collate_fn=collate, **loader_workers(config))
+            for split, ds in splits.items()}
 
 
 def make_longest_batch(task: TaskData, tokenizer, decoder_start_token_id: int):

@@ -272,3 +272,30 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
         return results
 
     return evaluate
+
+
+def make_test_predictor(accelerator, entry, tests: dict, loaders: dict, tokenizer, output_dir: str,
+                        decoding: str = "generate", max_target_length: int = 512, max_new_tokens: int = 8):
+    """`predict(model) -> {split: predicted texts in row order}` for unlabelled splits (submission.build_test_data).
+
+    Decodes as `make_generation_evaluator` does, at most `max_new_tokens` (the eval references'
+    longest) or, for classes, the longest label word: test rows have no reference to size by.
+    Each call rewrites `output_dir/predictions_<split>.tsv`, with an empty reference column.
+    """
+    candidates = label_candidates(entry, tokenizer, max_target_length) if kind_of(entry).closed_label_set else None
+    longest = max(max_new_tokens, 0 if candidates is None else candidates.size(1))
+    decoder = GreedyDecoder(accelerator, tokenizer, longest, candidates if decoding == "score" else None)
+    sources = {split: in_row_order(ds, "source") for split, ds in tests.items()}
+
+    def predict(model) -> dict[str, list[str]]:
+        model.eval()
+        predictions = {}
+        for split, loader in loaders.items():
+            predictions[split] = decode_split(accelerator, model, loader, tokenizer, len(sources[split]),
+                                              decoder).predictions
+            if accelerator.is_main_process:
+                write_predictions(os.path.join(output_dir, f"predictions_{split}.tsv"), sources[split],
+                                  predictions[split], [""] * len(sources[split]))
+        return predictions
+
+    return predict

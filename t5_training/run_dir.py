@@ -121,6 +121,14 @@ def write_results(accelerator, config, state, objective, per_epoch: int) -> dict
     return {"train": train_results, "eval": eval_results}
 
 
+def write_eval_results(accelerator, output_dir: str, results: dict) -> dict:
+    """eval_results.json of a run that only evaluates (--do_train false); prints the metric table."""
+    if accelerator.is_main_process:
+        reporting.write_json(os.path.join(output_dir, RESULTS_FILES["eval"]), results)
+        accelerator.print(reporting.format_table([{"metric": k, "value": v} for k, v in results.items()]))
+    return results
+
+
 # --- reading -------------------------------------------------------------------------------------
 
 def read_state(run_dir: str, step: int | None = None) -> dict | None:

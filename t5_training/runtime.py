@@ -160,6 +160,18 @@ def prepare(accelerator: Accelerator, config: TrainingConfig, model: torch.nn.Mo
                     total_steps)
 
 
+def prepare_inference(accelerator: Accelerator, model: torch.nn.Module, loaders: dict) -> tuple[torch.nn.Module, dict]:
+    """The model and ordered loaders wrapped for this setup, with no optimizer: a run that only evaluates."""
+    accelerator.print(model_summary(model))
+    model, *prepared = accelerator.prepare(model, *loaders.values())
+    return model, dict(zip(loaders, prepared))
+
+
+def prepare_loaders(accelerator: Accelerator, loaders: dict) -> dict:
+    """Loaders split across processes, their batches sent to the device, after the model was prepared."""
+    return {name: accelerator.prepare_data_loader(loader) for name, loader in loaders.items()}
+
+
 def close(accelerator: Accelerator) -> None:
     """Ends the trackers once every process has finished.
 

@@ -1,4 +1,5 @@
-"""Reading a user's task files (`--train_file`, `--validation_file`): CSV, TSV, JSON lines or a JSON array.
+"""Reading a user's task files (`--train_file`, `--validation_file`): CSV, TSV, JSON lines or a JSON array;
+and a dataset's original files in `--data_dir` (`read_original_file`, with its entry's `LocalFiles` layout).
 
 Read here with Python's csv and json modules rather than handed to `datasets.load_dataset`:
 pandas and pyarrow report a ragged row as a parser error without the file's line, and pyarrow's
@@ -16,6 +17,7 @@ from typing import Sequence
 
 import datasets
 
+from constants import LocalFiles
 from t5_training.errors import UsageError
 
 EXTENSIONS = {".csv": ",", ".tsv": "\t", ".json": None, ".jsonl": None}
@@ -132,3 +134,29 @@ def _text(value, path: str, where: str, number: int, name: str) -> str:
         return str(value)
     kind = "null" if value is None else type(value).__name__
     raise UsageError(f"{path} {where} {number}: {name!r} is {kind}; it must be text or a number")
+
+
+def read_original_file(path: str, layout: LocalFiles) -> datasets.Dataset:
+    """Reads one original file (e.g. a GLUE TSV) with the entry's layout, renaming its columns."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path} not found; --data_dir must hold {os.path.basename(path)}")
+    columns: dict[str, list[str]] = {new: [] for new in layout.columns.values()}
+    try:
+        with open(path, encoding=layout.encoding, newline="") as f:
+            reader = csv.reader(f, delimiter=layout.delimiter, quoting=layout.quoting)
+            names = next(reader, []) if layout.header else None
+            for line, row in enumerate(reader, start=2 if layout.header else 1):
+                if not row:
+                    continue
+                if names is None:
+                    names = [str(i) for i in range(len(row))]
+                record = dict(zip(names, row))
+                missing = [old for old in layout.columns if old not in record]
+                if missing:
+                    raise UsageError(f"{path} line {line}: no column {missing[0]!r}; columns found: "
+                                     f"{', '.join(record)}. Is --data_dir the right dataset?")
+                for old, new in layout.columns.items():
+                    columns[new].append(record[old])
+    except UnicodeDecodeError as err:
+        raise (scan_lines(path, layout.encoding)[1] or err) from None
+    return datasets.Dataset.from_dict(columns)

@@ -84,16 +84,19 @@ class Kind:
     postprocessor: Callable[[TaskEntry], Callable[[str], object]]
     # whether the answer is one of a closed set of label words, so evaluation can score them
     closed_label_set: bool
+    # the canonical label of a test row that has none (GLUE's hub test splits say -1)
+    unlabelled: object
 
 
 KINDS = {
     # T5 writes <unk> for unlabelled rows (label -1, e.g. GLUE test sets).
     "classification": Kind("int64", _class_id,
                            lambda entry, label: entry.label_words[label] if label >= 0 else "<unk>",
-                           lambda entry: lambda text: metrics.label_to_id(text, entry.label_words), True),
+                           lambda entry: lambda text: metrics.label_to_id(text, entry.label_words), True, -1),
     "regression": Kind("float64", _number, lambda entry, label: metrics.stsb_target(label),
-                       lambda entry: metrics.string_to_float, False),
-    "seq2seq": Kind("string", _text, lambda entry, label: label, lambda entry: lambda text: text.strip(), False),
+                       lambda entry: metrics.string_to_float, False, -1.0),
+    "seq2seq": Kind("string", _text, lambda entry, label: label, lambda entry: lambda text: text.strip(), False,
+                    ""),
 }
 
 
@@ -101,17 +104,35 @@ def kind_of(entry: TaskEntry) -> Kind:
     return KINDS[entry.kind]
 
 
-def make_label_normalizer(entry: TaskEntry, where: str) -> Callable[[Batch], dict]:
+def is_unlabelled(value) -> bool:
+    """Whether a test row's label cell says it has none: empty, missing, or GLUE's -1."""
+    if value is None:
+        return True
+    text = str(value).strip()
+    try:
+        return float(text) == -1
+    except ValueError:
+        return not text
+
+
+def make_label_normalizer(entry: TaskEntry, where: str, unlabelled_ok: bool = False) -> Callable[[Batch], dict]:
     """Checks the target column of a batch and returns it in canonical form.
 
     Classification labels become class ids (files may hold ids or label words), regression
     labels floats, seq2seq targets stripped strings. Anything else is a UsageError naming the
-    row (`where` says which file or split) and the values that would be accepted.
+    row (`where` says which file or split) and the values that would be accepted. Only a test
+    split (`unlabelled_ok`) may leave a row unlabelled (`is_unlabelled`): its label becomes the
+    kind's `unlabelled` value.
     """
-    normalize_one = kind_of(entry).normalize
+    kind = kind_of(entry)
+
+    def normalize_one(value, row: int):
+        if unlabelled_ok and is_unlabelled(value):
+            return kind.unlabelled
+        return kind.normalize(entry, where, value, row)
 
     def normalize(batch: Batch, indices: list[int]) -> dict:
-        return {entry.target: [normalize_one(entry, where, v, i + 1) for v, i in zip(batch[entry.target], indices)]}
+        return {entry.target: [normalize_one(v, i + 1) for v, i in zip(batch[entry.target], indices)]}
 
     return normalize
 

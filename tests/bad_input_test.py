@@ -52,6 +52,9 @@ class BadInputTest(parameterized.TestCase):
         dev = os.path.join(fixtures.SST2_DIR, "dev.tsv")
         shutil.copy(dev, _write(f"{f}/latin1/dev.tsv", ""))
         _write(f"{f}/latin1/train.tsv", b"sentence\tlabel\ngood film\t1\ncaf\xe9 scene\t0\n")
+        # A --data_dir with SST-2's labelled files but not its test file.
+        for name in ("train.tsv", "dev.tsv"):
+            shutil.copy(dev, _write(f"{f}/no_test/{name}", ""))
         _write(f"{f}/bart.json", json.dumps({
             "model_type": "bart", "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
             "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
@@ -95,6 +98,11 @@ class BadInputTest(parameterized.TestCase):
          "--max_source_length 64 is longer than this model's 32 position embeddings", "--max_source_length 32"),
         ("missing_data_dir", FINE_TUNE, ["--data_dir", "{f}/nowhere"], "is not a directory",
          "point it at the folder with the task's files"),
+        ("missing_test_file", FINE_TUNE, ["--data_dir", "{f}/no_test", "--do_predict"],
+         "--do_predict needs the test file {f}/no_test/test.tsv, which is not there",
+         "put the task's test.tsv in --data_dir, or drop --do_predict"),
+        ("evaluate_without_a_model", FINE_TUNE, ["--do_train", "false", "--do_predict"],
+         "--do_train false evaluates a trained model", "pass it as --model_name_or_path"),
         ("adapter_with_freezing", FINE_TUNE, ["--peft", "prompt_tuning", "--freeze_encoder"],
          "--freeze_encoder with --peft prompt_tuning", "drop --freeze_encoder"),
         ("adapter_target_missing", FINE_TUNE, ["--peft", "lora", "--lora_target_modules", "q,query"],
@@ -129,7 +137,7 @@ class BadInputTest(parameterized.TestCase):
             lines = done.stderr.strip().splitlines()
             self.assertLen(lines, 1, done.stderr)
             self.assertStartsWith(lines[0], "error: ")
-            self.assertIn(problem, lines[0])
+            self.assertIn(problem.format(f=self.files), lines[0])
             self.assertIn(fix, lines[0])
             self.assertEqual(fixtures.snapshot(out), before)
 

@@ -84,6 +84,11 @@ class ParseConfigTest(parameterized.TestCase):
     def test_bool_flags(self, words, expected):
         self.assertIs(parse(*words).overwrite_output_dir, expected)
 
+    def test_train_and_predict_flags(self):
+        self.assertEqual((parse().do_train, parse().do_predict), (True, False))
+        config = parse("--do_train", "false", "--do_predict", "--model_name_or_path", "runs/sst2/best")
+        self.assertEqual((config.do_train, config.do_predict), (False, True))
+
     def test_gradient_checkpointing_true(self):
         config = parse("--gradient_checkpointing", "true", "--trust_remote_code")
         self.assertIs(config.gradient_checkpointing, True)
@@ -127,6 +132,12 @@ class ParseConfigTest(parameterized.TestCase):
         ("nothing_to_train", ["--max_steps", "0", "--num_train_epochs", "0"], r"nothing to train"),
         ("short_source", ["--max_source_length", "1"], r"--max_source_length and --max_target_length"),
         ("one_file_only", ["--train_file", "a.csv"], r"pass both --train_file and --validation_file"),
+        ("evaluate_nothing", ["--do_train", "false"],
+         r"^--do_train false evaluates a trained model: pass it as --model_name_or_path"),
+        ("evaluate_and_resume", ["--do_train", "false", "--model_name_or_path", "m", "--resume_from_checkpoint",
+                                 "auto"], r"^--resume_from_checkpoint continues training; with --do_train false"),
+        ("evaluate_a_new_adapter", ["--do_train=false", "--model_name_or_path", "m", "--peft", "lora"],
+         r"^--peft lora trains a new adapter; with --do_train false pass the trained model's merged export"),
     )
     def test_invalid_values(self, words, message):
         with self.assertRaisesRegex(UsageError, message):

@@ -109,6 +109,47 @@ class RegistryTest(parameterized.TestCase):
             self.assertEqual(entry.inputs, ("text",))
             self.assertGreater(entry.package_corpus.validation_every, 1)
 
+    @parameterized.named_parameters(*ENTRIES)
+    def test_submission(self, benchmark, task):
+        entry = DATASET_VALS[benchmark][task]
+        if benchmark != "glue":
+            self.assertIsNone(entry.submission)
+            return
+        sub = entry.submission
+        names = [test.name for test in sub.splits]
+        self.assertLen(set(names), len(names))
+        self.assertEqual(sorted(sub.local.splits), sorted(names))
+        # Each test file's row numbers become `index`, the inputs their entry's names; no label column.
+        self.assertEqual(sorted(sub.local.columns.values()), sorted(["index", *entry.inputs]))
+        self.assertTrue(sub.local.header)
+        if entry.kind == "regression":
+            self.assertEqual((sub.labels, sub.score_range), ((), (0.0, 5.0)))
+        else:
+            self.assertLen(sub.labels, len(entry.label_words))
+            self.assertIsNone(sub.score_range)
+
+    def test_glue_leaderboard_files(self):
+        # GLUE's names and label forms: ids where GLUE's own files label by id, names for the inference tasks.
+        glue = DATASET_VALS["glue"]
+        files = {test.file: (task, test.name) for task, entry in glue.items() for test in entry.submission.splits}
+        self.assertEqual(files, {
+            "CoLA.tsv": ("cola", "test"), "SST-2.tsv": ("sst2", "test"), "MRPC.tsv": ("mrpc", "test"),
+            "QQP.tsv": ("qqp", "test"), "STS-B.tsv": ("stsb", "test"), "MNLI-m.tsv": ("mnli", "test_matched"),
+            "MNLI-mm.tsv": ("mnli", "test_mismatched"), "AX.tsv": ("mnli", "ax"), "QNLI.tsv": ("qnli", "test"),
+            "RTE.tsv": ("rte", "test"), "WNLI.tsv": ("wnli", "test")})
+        labels = {task: entry.submission.labels for task, entry in glue.items()}
+        for task in ("cola", "sst2", "mrpc", "qqp", "wnli"):
+            self.assertEqual(labels[task], ("0", "1"), task)
+        self.assertEqual(labels["mnli"], ("entailment", "neutral", "contradiction"))
+        self.assertEqual(labels["qnli"], ("entailment", "not_entailment"))
+        self.assertEqual(labels["rte"], ("entailment", "not_entailment"))
+        ax = glue["mnli"].submission.splits[2]
+        self.assertEqual((ax.hub_name, ax.hub_split, ax.optional), ("ax", "test", True))
+        self.assertEqual(glue["mnli"].submission.local.splits["ax"], "../diagnostic/diagnostic.tsv")
+        self.assertEqual(glue["qqp"].submission.local.columns["id"], "index")
+        self.assertFalse(any(test.optional for entry in glue.values() for test in entry.submission.splits
+                             if test.name != "ax"))
+
     def test_exact_values_follow_t5(self):
         glue = DATASET_VALS["glue"]
         self.assertEqual(glue["mnli"].inputs, ("hypothesis", "premise"))

@@ -108,6 +108,26 @@ class RealFilesTest(parameterized.TestCase):
         self.assertEqual(dev[1]["sentence1"], "A young child is riding a horse.")
 
 
+class CanonicalTest(fixtures.TempDirTestCase):
+
+    def test_test_split_keeps_its_index_and_may_lack_labels(self):
+        # GLUE's hub test splits say -1; a labelled split with the same rows is refused.
+        rows = datasets.Dataset.from_dict({"index": ["7", "3"], "sentence": ["good", "bad"], "label": [-1, 1],
+                                           "extra": ["x", "y"]})
+        entry = tasks.get_entry("glue", "sst2")
+        test = data.canonical(entry, rows, "test", keep=("index",), unlabelled_ok=True)
+        self.assertEqual(test[:], {"sentence": ["good", "bad"], "label": [-1, 1], "index": ["7", "3"]})
+        with self.assertRaisesRegex(UsageError, r"^validation split row 1: label -1 is not one of the label words"):
+            data.canonical(entry, rows, "validation")
+        with self.assertRaisesRegex(UsageError, r"^test split has no column 'index'"):
+            data.canonical(entry, rows.remove_columns("index"), "test", keep=("index",), unlabelled_ok=True)
+
+    def test_column_values_follow_the_selected_order(self):
+        ds = datasets.Dataset.from_dict({"idx": [0, 1, 2], "text": ["a", "b", "c"]}).select([2, 0, 1])
+        self.assertEqual(data.column_values(ds, "text"), ["c", "a", "b"])
+        self.assertEqual(data.in_row_order(ds, "text"), ["a", "b", "c"])
+
+
 class BadInputTest(fixtures.TempDirTestCase):
 
     def _sst2(self, dev, train="sentence\tlabel\ngood fun\t1\n", encoding="utf-8"):
@@ -342,6 +362,18 @@ class TokenizeTest(parameterized.TestCase):
         self.assertStartsWith(log[0], "train: 50 rows; truncated: ")
         self.assertStartsWith(log[1], "validation: 40 rows; truncated: ")
         self.assertEndsWith(log[1], "0 targets to 64")
+
+    def test_build_task_data_without_training(self):
+        # An evaluation-only run tokenizes no training row, but keeps every training label.
+        config = types.SimpleNamespace(
+            data_dir=os.path.join(DATA, "SST-2"), train_file=None, validation_file=None, trust_remote_code=False,
+            max_source_length=128, max_target_length=8, max_train_samples=50, max_eval_samples=8)
+        log = []
+        task = data.build_task_data(tasks.get_entry("glue", "sst2"), config, self.tok, log.append, train=False)
+        self.assertIsNone(task.train)
+        self.assertLen(task.evals["validation"], 8)
+        self.assertEqual(collections.Counter(task.train_labels), {0: 29780, 1: 37569})
+        self.assertEqual([line.split(":")[0] for line in log], ["validation"])
 
     def test_build_task_data_truncated_targets(self):
         config = types.SimpleNamespace(

@@ -92,6 +92,7 @@ class TrackerKeysTest(absltest.TestCase):
 
 class TwoProcessTest(absltest.TestCase):
     EXTRA: tuple[str, ...] = ()  # flags of both runs
+    PREDICT = True  # the two processes also write SST-2's leaderboard file
 
     def test_two_gloo_processes_match_one_process_with_twice_the_batch(self):
         common = ["--max_steps", "4", "--dropout_rate", "0", "--save_steps", "4", *self.EXTRA]
@@ -100,8 +101,9 @@ class TwoProcessTest(absltest.TestCase):
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                       "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                       "--main_process_port", "0", SCRIPT]
+            predict = ("--do_predict",) if self.PREDICT else ()
             done = subprocess.run(launch + fixtures.fine_tune_args(two, "--per_device_train_batch_size", "4",
-                                                                   *common),
+                                                                   *common, *predict),
                                   env=env, capture_output=True, text=True, timeout=600)
             self.assertEqual(done.returncode, 0, done.stderr[-3000:])
             fine_tune_t5.main(fixtures.fine_tune_args(one, "--per_device_train_batch_size", "8", *common))
@@ -112,12 +114,19 @@ class TwoProcessTest(absltest.TestCase):
             # Evaluation gathered every dev row exactly once across the two processes.
             with open(os.path.join(two, "predictions_validation.tsv"), encoding="utf-8") as f:
                 self.assertLen(list(csv.reader(f, delimiter="\t")), 33)
+            if self.PREDICT:
+                # And every test row once, in the test file's order, written by one process.
+                with open(os.path.join(two, "submission", "SST-2.tsv"), encoding="utf-8") as f:
+                    rows = list(csv.reader(f, delimiter="\t"))
+                self.assertEqual(rows[0], ["index", "prediction"])
+                self.assertEqual([row[0] for row in rows[1:]], [str(i) for i in range(1821)])
 
 
 
 class LoraTwoProcessTest(TwoProcessTest):
     # DDP synchronises the adapter's gradients only; the frozen weights have none.
     EXTRA = ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--learning_rate", "1e-2")
+    PREDICT = False
 
 
 if __name__ == "__main__":

@@ -355,6 +355,27 @@ class LabelNormalizerTest(parameterized.TestCase):
         with self.assertRaisesRegex(UsageError, rf"^validation split row {row}: the 'target' column is empty"):
             self._normalize("seq2seq", "summarization", values)
 
+    @parameterized.named_parameters(
+        ("classification", "sst2", [-1, "-1", None, "", " ", 1, "positive"], [-1, -1, -1, -1, -1, 1, 1],
+         "row 1: label -1 is not one of the label words"),
+        # A labelled STS-B row may hold any number, -1 too (as before); a missing one is refused.
+        ("regression", "stsb", [-1.0, "-1.0", None, "", 2.5], [-1.0, -1.0, -1.0, -1.0, 2.5],
+         "row 3: label None is not a number"),
+    )
+    def test_unlabelled_rows_only_where_allowed(self, task, values, expected, refused):
+        entry = tasks.get_entry("glue", task)
+        normalize = tasks.make_label_normalizer(entry, "test split", unlabelled_ok=True)
+        self.assertEqual(normalize({"label": values}, list(range(len(values)))), {"label": expected})
+        with self.assertRaisesRegex(UsageError, "^validation split " + refused):
+            self._normalize("glue", task, values)
+
+    @parameterized.named_parameters(
+        ("minus_one", -1, True), ("minus_one_float", -1.0, True), ("text", " -1 ", True), ("none", None, True),
+        ("empty", "", True), ("zero", 0, False), ("word", "negative", False), ("minus_two", "-2", False),
+    )
+    def test_is_unlabelled(self, value, expected):
+        self.assertIs(tasks.is_unlabelled(value), expected)
+
     def test_rows_numbered_from_indices(self):
         # Batches after the first: the row number comes from the dataset index, not the batch.
         normalize = tasks.make_label_normalizer(tasks.get_entry("glue", "cola"), "train split")

@@ -1,0 +1,320 @@
+"""GLUE leaderboard files (t5_training.submission): reading the test splits, mapping predictions, the files and the zip.
+
+The mapping is checked on hand-made predictions; the files of CoLA, SST-2, MRPC and STS-B come
+from fine_tune_t5.py --do_predict on the real test files in ../shared/data, where a tiny model's
+outputs that name no label fall back to the most frequent training label (STS-B: the mean).
+"""
+import contextlib
+import csv
+import dataclasses
+import io
+import math
+import os
+import re
+import statistics
+import tempfile
+import zipfile
+from unittest import mock
+
+import datasets
+from absl.testing import absltest, parameterized
+
+import fine_tune_t5
+from t5_training import run_dir, submission
+from t5_training.errors import UsageError
+from t5_training.tasks import get_entry, make_formatter
+from tests import fixtures
+
+DATA = fixtures.SHARED_DATA
+
+
+def _read_lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read().split("\n")[:-1]
+
+
+class WriteTaskFileTest(fixtures.TempDirTestCase):
+
+    @parameterized.named_parameters(
+        # Stripped as evaluation strips; no label word, or an empty output, falls back (1: 2 of 3).
+        ("sst2", "sst2", ["positive", "negative", "neutral", "", " positive "], [0, 1, 1],
+         ["1", "0", "1", "1", "1"], 2),
+        ("cola_tie_goes_to_the_lower_class", "cola", ["acceptable", "grammatical"], [0, 1, 1, 0], ["1", "0"], 1),
+        # WNLI's class 0 is not_entailment; words match case and all, as in T5.
+        ("wnli", "wnli", ["not_entailment", "entailment", "Entailment"], [1], ["0", "1", "1"], 1),
+        ("mnli_names", "mnli", ["contradiction", "entailment", "maybe"], [2, 2, 0],
+         ["contradiction", "entailment", "contradiction"], 1),
+        ("rte_names", "rte", ["not_entailment", "entailment", "yes"], [0, 0, 1],
+         ["not_entailment", "entailment", "entailment"], 1),
+        # float() as T5's string_to_float; clipped to [0, 5]; unparsable or nan: the training mean, 2.5.
+        ("stsb", "stsb", ["3.4", "7", "-2", "abc", "nan", "2.25", " 4 ", "1e-1"], [1.0, 2.0, 4.5],
+         ["3.400", "5.000", "0.000", "2.500", "2.500", "2.250", "4.000", "0.100"], 2),
+    )
+    def test_rows(self, task, predictions, train_labels, expected, unmapped):
+        entry = get_entry("glue", task)
+        test = entry.submission.splits[0]
+        indices = [str(100 - 7 * i) for i in range(len(predictions))]  # written as given, in the given order
+        path, count = submission.write_task_file(entry, test, indices, predictions, train_labels, self.dir)
+        self.assertEqual(path, os.path.join(self.dir, test.file))
+        self.assertEqual(_read_lines(path), ["index\tprediction", *(f"{i}\t{e}" for i, e in zip(indices, expected))])
+        self.assertEqual(count, unmapped)
+        self.assertEqual(os.listdir(self.dir), [test.file])  # no temporary file left
+
+    def test_fallback(self):
+        self.assertEqual(submission.fallback(get_entry("glue", "mnli"), [1, 2, 2, 0, 1]), 1)
+        self.assertEqual(submission.fallback(get_entry("glue", "stsb"), [0.5, 1.0, 3.0]), 1.5)
+        with self.assertRaisesRegex(ValueError, "no training labels"):
+            submission.fallback(get_entry("glue", "sst2"), [])
+
+    def test_rows_and_predictions_must_pair(self):
+        entry = get_entry("glue", "sst2")
+        with self.assertRaisesRegex(ValueError, "2 test rows but 1 predictions"):
+            submission.write_task_file(entry, entry.submission.splits[0], ["0", "1"], ["positive"], [1], self.dir)
+
+    def test_zip_holds_the_files_at_its_top_level(self):
+        paths = []
+        for name, text in (("CoLA.tsv", "index\tprediction\n0\t1\n"), ("STS-B.tsv", "index\tprediction\n0\t2.000\n")):
+            paths.append(os.path.join(self.dir, "submission", name))
+            os.makedirs(os.path.dirname(paths[-1]), exist_ok=True)
+            with open(paths[-1], "w", encoding="utf-8") as f:
+                f.write(text)
+        path = submission.write_zip(os.path.join(self.dir, "submission.zip"), paths)
+        with zipfile.ZipFile(path) as archive:
+            self.assertEqual(archive.namelist(), ["CoLA.tsv", "STS-B.tsv"])
+            self.assertEqual(archive.read("STS-B.tsv"), b"index\tprediction\n0\t2.000\n")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["submission", "submission.zip"])
+
+    def test_mnli_without_its_diagnostic_set(self):
+        # Rows come in decoding order; `idx` puts them back in the test file's order.
+        tests = {name: datasets.Dataset.from_dict({"idx": [1, 0], "index": ["b", "a"]})
+                 for name in ("test_matched", "test_mismatched")}
+        predictions = {"test_matched": ["neutral", "x"], "test_mismatched": ["y", "z"]}
+        log = []
+        written = submission.write_submission(get_entry("glue", "mnli"), tests, predictions, [2, 2, 1], self.dir,
+                                              log.append)
+        folder = os.path.join(self.dir, "submission")
+        self.assertEqual(written, {"MNLI-m.tsv": {"rows": 2, "unmapped": 1}, "MNLI-mm.tsv": {"rows": 2, "unmapped": 2},
+                                   "zip": os.path.join(self.dir, "submission.zip")})
+        self.assertEqual(_read_lines(os.path.join(folder, "MNLI-m.tsv")),
+                         ["index\tprediction", "a\tneutral", "b\tcontradiction"])
+        with zipfile.ZipFile(written["zip"]) as archive:
+            self.assertEqual(archive.namelist(), ["MNLI-m.tsv", "MNLI-mm.tsv"])
+        self.assertEqual(log[0], f"{folder}/MNLI-m.tsv: 2 rows; 1 predictions matched no label and were written as "
+                                 "contradiction, the most frequent training label")
+
+
+# The first lines of GLUE's test files, for the tasks whose files are not in ../shared/data.
+FAKE_TEST_FILES = {
+    "qqp/test.tsv": ["id\tquestion1\tquestion2", "0\tHow do I learn?\tWhat is learning?",
+                     "1\tWhy?\tWhy not?"],
+    "mnli/test_matched.tsv": [
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+        "sentence2_parse\tsentence1\tsentence2",
+        "0\t31493\t31493\ttravel\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tHierbas is a liqueur.\tIt is a drink."],
+    "mnli/test_mismatched.tsv": [
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+        "sentence2_parse\tsentence1\tsentence2",
+        "0\t8\t8\tletters\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tWhat a day.\tThe day was long."],
+    "diagnostic/diagnostic.tsv": ["index\tsentence1\tsentence2", "0\tThe cat sat.\tA cat sat."],
+    "qnli/test.tsv": ["index\tquestion\tsentence", "0\tWho won?\tThe home team won."],
+    "rte/test.tsv": ["index\tsentence1\tsentence2", "0\tMaude lives in Paris.\tMaude lives in France."],
+    "wnli/test.tsv": ["index\tsentence1\tsentence2", "0\tThe cup fell. It broke.\tThe cup broke."],
+}
+
+
+class LoadTestSplitsTest(fixtures.TempDirTestCase):
+
+    def setUp(self):
+        super().setUp()
+        for name, lines in FAKE_TEST_FILES.items():
+            os.makedirs(os.path.join(self.dir, os.path.dirname(name)), exist_ok=True)
+            with open(os.path.join(self.dir, name), "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+
+    def _load(self, task, folder, log=None):
+        return submission.load_test_splits(get_entry("glue", task), data_dir=folder,
+                                           log=(log if log is not None else []).append)
+
+    @parameterized.named_parameters(
+        ("cola", "cola", "CoLA", 1063, {"sentence": "Bill whistled past the house."}, -1),
+        ("sst2", "sst2", "SST-2", 1821, {"sentence": "uneasy mishmash of styles and genres ."}, -1),
+        ("mrpc", "mrpc", "MRPC", 1725, {"sentence1": "PCCW's chief operating officer, Mike Butcher, and Alex "
+                                                     "Arena, the chief financial officer, will report directly to "
+                                                     "Mr So."}, -1),
+        ("stsb", "stsb", "STS-B", 1379, {"sentence1": "A girl is styling her hair.",
+                                         "sentence2": "A girl is brushing her hair."}, -1.0),
+    )
+    def test_real_test_files(self, task, folder, rows, first, unlabelled):
+        test = self._load(task, os.path.join(DATA, folder))["test"]
+        self.assertLen(test, rows)
+        self.assertEqual(test.column_names, [*get_entry("glue", task).inputs, "label", "index"])
+        self.assertEqual(test["index"][:], [str(i) for i in range(rows)])
+        self.assertEqual(set(test["label"][:]), {unlabelled})
+        self.assertEqual({key: test[0][key] for key in first}, first)
+
+    @parameterized.named_parameters(
+        ("qqp", "qqp", {"test": ("qqp question1: Why? question2: Why not?", "1")}),
+        ("mnli", "mnli", {"test_matched": ("mnli hypothesis: It is a drink. premise: Hierbas is a liqueur.", "0"),
+                          "test_mismatched": ("mnli hypothesis: The day was long. premise: What a day.", "0"),
+                          "ax": ("mnli hypothesis: A cat sat. premise: The cat sat.", "0")}),
+        ("qnli", "qnli", {"test": ("qnli question: Who won? sentence: The home team won.", "0")}),
+        ("rte", "rte", {"test": ("rte sentence1: Maude lives in Paris. sentence2: Maude lives in France.", "0")}),
+        ("wnli", "wnli", {"test": ("wnli sentence1: The cup fell. It broke. sentence2: The cup broke.", "0")}),
+    )
+    def test_glue_layouts(self, task, last_rows):
+        entry = get_entry("glue", task)
+        splits = self._load(task, os.path.join(self.dir, task))
+        self.assertEqual(sorted(splits), sorted(last_rows))
+        for name, (source, index) in last_rows.items():
+            row = make_formatter(entry)(splits[name][-1:])
+            self.assertEqual((row["source"][0], row["target"][0], splits[name][-1]["index"]), (source, "<unk>", index))
+
+    def test_diagnostic_set_is_optional(self):
+        os.remove(os.path.join(self.dir, "diagnostic", "diagnostic.tsv"))
+        log = []
+        splits = self._load("mnli", os.path.join(self.dir, "mnli"), log)
+        self.assertEqual(sorted(splits), ["test_matched", "test_mismatched"])
+        self.assertEqual(log, ["AX.tsv not written: --data_dir has no ../diagnostic/diagnostic.tsv"])
+
+    def test_missing_test_file_is_named(self):
+        os.remove(os.path.join(self.dir, "mnli", "test_mismatched.tsv"))
+        path = os.path.join(self.dir, "mnli", "test_mismatched.tsv")
+        with self.assertRaisesRegex(UsageError, rf"^--do_predict needs the test file {path}, which is not there; "
+                                                r"put the task's test_mismatched.tsv in --data_dir"):
+            self._load("mnli", os.path.join(self.dir, "mnli"))
+
+    def test_repeated_index(self):
+        with open(os.path.join(self.dir, "rte", "test.tsv"), "a", encoding="utf-8") as f:
+            f.write("0\tA.\tB.\n")
+        with self.assertRaisesRegex(UsageError, r"^test split: index 0 appears more than once"):
+            self._load("rte", os.path.join(self.dir, "rte"))
+
+    def test_task_without_test_split(self):
+        with self.assertRaisesRegex(UsageError, r"this task has no test split; drop --do_predict"):
+            submission.load_test_splits(get_entry("seq2seq", "summarization"), data_dir=self.dir)
+
+    def test_hub_test_splits(self):
+        # Offline here, so the hub is a stand-in: GLUE's hub test splits say -1 and number rows in `idx`.
+        calls = []
+
+        def load(path, name, split, trust_remote_code):
+            calls.append((path, name, split))
+            return datasets.Dataset.from_dict({"premise": ["p1", "p2"], "hypothesis": ["h1", "h2"],
+                                               "label": [-1, -1], "idx": [0, 1]})
+
+        with mock.patch.object(submission.data, "load_hub_split", load):
+            splits = submission.load_test_splits(get_entry("glue", "mnli"))
+        self.assertEqual(calls, [("nyu-mll/glue", "mnli", "test_matched"), ("nyu-mll/glue", "mnli", "test_mismatched"),
+                                 ("nyu-mll/glue", "ax", "test")])
+        self.assertEqual(splits["ax"][:], {"hypothesis": ["h1", "h2"], "premise": ["p1", "p2"], "label": [-1, -1],
+                                           "index": [0, 1]})
+        no_hub = dataclasses.replace(get_entry("glue", "rte"), hub_path=None)
+        with self.assertRaisesRegex(UsageError, r"^--do_predict reads the test files from --data_dir"):
+            submission.load_test_splits(no_hub)
+
+
+def _read_tsv(path: str, quoting=csv.QUOTE_MINIMAL) -> list[list[str]]:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        return list(csv.reader(f, delimiter="\t", quoting=quoting))
+
+
+def _glue_form(task: str, prediction: str) -> str | None:
+    """What a raw prediction should be written as, worked out here independently; None when it names no label."""
+    if task == "stsb":
+        try:
+            score = float(prediction)
+        except ValueError:
+            return None
+        return f"{min(max(score, 0.0), 5.0):.3f}" if math.isfinite(score) else None
+    words = get_entry("glue", task).label_words
+    return str(words.index(prediction.strip())) if prediction.strip() in words else None
+
+
+# The most frequent training label (../shared/data/README.md: CoLA 6023 of 8551 acceptable, SST-2 37569
+# of 67349 positive, MRPC 2474 of 3668 equivalent), and for STS-B the mean of the training scores.
+STSB_TRAIN_MEAN = statistics.mean(float(row[-1]) for row in _read_tsv(os.path.join(DATA, "STS-B", "train.tsv"),
+                                                                        csv.QUOTE_NONE)[1:])
+FALLBACK = {"cola": "1", "sst2": "1", "mrpc": "1", "stsb": f"{STSB_TRAIN_MEAN:.3f}"}
+
+
+def run_script(out: str, task: str, folder: str, *flags: str) -> tuple[dict, str]:
+    """fine_tune_t5.main on a real GLUE task with the tiny model, and what it printed."""
+    args = fixtures.fine_tune_args(out, "--max_source_length", "32", "--per_device_eval_batch_size", "128",
+                                   "--save_total_limit", "1", *flags)
+    args[args.index("--dataset_name") + 1] = task
+    args[args.index("--data_dir") + 1] = os.path.join(DATA, folder)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = fine_tune_t5.main(args)
+    return result, printed.getvalue()
+
+
+class SubmissionFilesTest(parameterized.TestCase):
+    """The files fine_tune_t5.py --do_predict writes for the four GLUE tasks whose test files are here."""
+
+    def check_task_file(self, out: str, task: str, folder: str, name: str, rows: int, result: dict, printed: str):
+        """Rows, header, index order and label form of one task's file, its zip, and the fallback count printed."""
+        path = os.path.join(out, "submission", name)
+        lines = _read_lines(path)
+        self.assertEqual(lines[0], "index\tprediction")
+        self.assertLen(lines, rows + 1)  # every test row, whatever --max_eval_samples
+        written = [line.split("\t") for line in lines[1:]]
+        test_file = _read_tsv(os.path.join(DATA, folder, "test.tsv"), csv.QUOTE_NONE)
+        self.assertEqual([index for index, _ in written], [row[0] for row in test_file[1:]])
+        # What the model really said, row by row, against what was written for it.
+        predicted = [row[1] for row in _read_tsv(os.path.join(out, "predictions_test.tsv"))[1:]]
+        expected = [_glue_form(task, text) for text in predicted]
+        unmapped = expected.count(None)
+        self.assertEqual([value for _, value in written], [e or FALLBACK[task] for e in expected])
+        for _, value in written:
+            if task == "stsb":
+                self.assertTrue(0.0 <= float(value) <= 5.0 and re.fullmatch(r"\d\.\d{3}", value), value)
+            else:
+                self.assertIn(value, ("0", "1"))
+        why = "the training mean" if task == "stsb" else "the most frequent training label"
+        self.assertIn(f"{path}: {rows} rows; {unmapped} predictions matched no label and were written as "
+                      f"{FALLBACK[task]}, {why}\n", printed)
+        self.assertEqual(result["predict"], {name: {"rows": rows, "unmapped": unmapped},
+                                             "zip": os.path.join(out, "submission.zip")})
+        with zipfile.ZipFile(os.path.join(out, "submission.zip")) as archive:
+            self.assertEqual(archive.namelist(), [name])
+            with open(path, "rb") as f:
+                self.assertEqual(archive.read(name), f.read())
+        self.assertEqual(os.listdir(os.path.join(out, "submission")), [name])
+        return unmapped
+
+    @parameterized.named_parameters(
+        ("cola", "cola", "CoLA", "CoLA.tsv", 1063),
+        ("mrpc", "mrpc", "MRPC", "MRPC.tsv", 1725),
+        ("stsb", "stsb", "STS-B", "STS-B.tsv", 1379),
+    )
+    def test_after_training(self, task, folder, name, rows):
+        with tempfile.TemporaryDirectory() as out:
+            result, printed = run_script(out, task, folder, "--max_steps", "2", "--do_predict")
+            # Two steps teach the tiny model nothing: its outputs fall back to the training label.
+            self.assertGreater(self.check_task_file(out, task, folder, name, rows, result, printed), 0)
+            self.assertTrue(os.path.isdir(os.path.join(out, "final")))
+
+    def test_sst2_trained_then_predicted_without_training(self):
+        with tempfile.TemporaryDirectory() as trained, tempfile.TemporaryDirectory() as root:
+            # A few steps at a high rate: the model answers with a label word, so rows map.
+            result, printed = run_script(trained, "sst2", "SST-2", "--max_steps", "6", "--learning_rate", "3e-3",
+                                         "--do_predict")
+            unmapped = self.check_task_file(trained, "sst2", "SST-2", "SST-2.tsv", 1821, result, printed)
+            self.assertLess(unmapped, 1821)
+            # --do_train false loads the exported model, evaluates and predicts: the same file.
+            out = os.path.join(root, "predict")
+            model = ["--model_name_or_path", os.path.join(trained, "final"), "--do_train", "false", "--do_predict"]
+            again, printed = run_script(out, "sst2", "SST-2", *model)
+            self.check_task_file(out, "sst2", "SST-2", "SST-2.tsv", 1821, again, printed)
+            with open(os.path.join(trained, "submission", "SST-2.tsv"), "rb") as a, \
+                    open(os.path.join(out, "submission", "SST-2.tsv"), "rb") as b:
+                self.assertEqual(a.read(), b.read())
+            self.assertEqual(again["eval"]["accuracy"], result["eval"]["accuracy"])
+            self.assertEqual(sorted(os.listdir(out)), ["eval_results.json", "predictions_test.tsv",
+                                                       "predictions_validation.tsv", "submission", "submission.zip"])
+            self.assertEqual(run_dir.read_final_eval(out)["accuracy"], result["eval"]["accuracy"])
+
+
+if __name__ == "__main__":
+    absltest.main()
