@@ -20,6 +20,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+# benchmarks/peft.py shares its name with the peft package, which transformers imports: this
+# folder goes last on the path, where the benchmarks still find each other but no package
+# of that name is hidden.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != HERE] + [HERE]
 
 DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
 SST2_DIR = os.path.join(DATA, "SST-2")

@@ -20,14 +20,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
-# This file's name would shadow the peft package for every import after it (transformers imports
-# peft): its folder goes to the end of the path, where _harness and pretraining_transfer are still found.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-
-# _harness first: importing it puts the repository root on the path for the project's modules.
+# _harness first (it also moves this folder to the end of the path, so that this file's name
+# does not hide the peft package): importing it puts the repository root on the path for the project's modules.
 from _harness import REPO, child_main, run_child, set_environment  # noqa: E402
 
 # Each method's flags. The learning rates are each method's best in a pilot on SST-2 (1 seed,
