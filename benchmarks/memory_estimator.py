@@ -59,7 +59,14 @@ FULL = [
     (SMALL, 8, 512, 114, "adamw_scale", {"dropout_rate": 0.0, "padding": False}),
     (V11_SMALL, 8, 512, 114, "adafactor", {"padding": False}),
     (TINY, 16, 512, 114, "adamw_torch", {"precision": "bf16"}),  # CPU autocast (slow on CPUs without bf16)
+    # Adapters (--peft, with peft's defaults): the base frozen, the adapter alone trained.
+    (SMALL, 8, 512, 114, "adamw_torch", {"peft": "lora"}),
+    (SMALL, 8, 512, 114, "adamw_torch", {"peft": "lora", "lora_target_modules": "q,k,v,o,wi,wo",
+                                         "lora_dropout": 0.1}),
+    (SMALL, 8, 512, 114, "adamw_torch", {"peft": "ia3"}),
+    (SMALL, 8, 512, 114, "adamw_torch", {"peft": "prompt_tuning"}),
 ]
+ADAPTER_FLAGS = ("peft", "lora_target_modules", "lora_dropout")
 QUICK = [(TINY, 16, 128, 8, "adamw_torch", {})]
 # On a GPU (--device cuda): t5-small and t5-base shapes in fp32 and bf16 autocast, with the fused
 # AdamW and T5's Adafactor that optim.py builds, against torch.cuda.max_memory_allocated().
@@ -76,6 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2, help="training steps measured per configuration")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--output", default=os.path.join("runs", "memory_estimator.json"))
+    parser.add_argument("--match", default=None, help="only the configurations whose options contain this text "
+                                                      "or set this option, e.g. peft or lora")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # JSON job of a measuring process
     return parser.parse_args(argv)
 
@@ -131,8 +140,11 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     from t5_training.tools import memory
     from t5_training.config import TrainingConfig
 
+    from t5_training import adapters
+
     batch = _batch(job, model_config.vocab_size, device)
-    model = AutoModelForSeq2SeqLM.from_config(model_config).to(device)
+    model = AutoModelForSeq2SeqLM.from_config(model_config)
+    model = adapters.apply(model, _adapter_config(job)).to(device)
     for name, param in model.named_parameters():
         if memory.part_of(name) in job.get("frozen", []):
             param.requires_grad_(False)
@@ -155,6 +167,12 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
         after_step()
 
 
+def _adapter_config(job: dict):
+    from t5_training.adapters import AdapterConfig
+
+    return AdapterConfig(**{flag: job[flag] for flag in ADAPTER_FLAGS if flag in job})
+
+
 def measure(job: dict) -> dict:
     """Runs in a fresh process: the estimate, and the memory one configuration really takes."""
     import ctypes
@@ -164,7 +182,8 @@ def measure(job: dict) -> dict:
     import torch
     import transformers
 
-    from t5_training.tools import memory
+    from t5_training import adapters
+    from t5_training.tools import adapter_memory, memory
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -201,7 +220,9 @@ def measure(job: dict) -> dict:
     result = memory.estimate(model_config, batch_size=job["batch"], source_length=job["source"],
                              target_length=job["target"], precision=job.get("precision", "fp32"),
                              optim=job["optim"], gradient_checkpointing=job.get("gradient_checkpointing", False),
-                             frozen=job.get("frozen", ()), device=device, padding=job.get("padding", True))
+                             frozen=job.get("frozen", ()), device=device, padding=job.get("padding", True),
+                             adapter=adapter_memory.describe(model_config, _adapter_config(job))
+                             if adapters.in_use(_adapter_config(job)) else None)
     return {"measured": max(peaks), "step_peaks": peaks, "seconds": seconds, "estimate": result.to_dict(),
             # Library pages read in (or dropped) during the run would count in RSS: should stay near 0.
             "file_pages_change": (_rss_kib("RssFile") - file_pages) * 1024 if device == "cpu" else 0}
@@ -220,6 +241,8 @@ def _options(options: dict) -> str:
         words.append("packed")
     if options.get("precision", "fp32") != "fp32":
         words.append(f"{options['precision']} autocast")
+    if "peft" in options:
+        words.append(" ".join([options["peft"]] + [f"{options[flag]}" for flag in ADAPTER_FLAGS[1:] if flag in options]))
     return ", ".join(words) or "-"
 
 
@@ -233,6 +256,8 @@ def main(argv=None) -> list[dict]:
     rows = []
     configurations = QUICK if args.quick else (CUDA if args.device == "cuda" else FULL)
     for config, batch, source, target, optim, options in configurations:
+        if args.match and args.match not in _options(options) and args.match not in options:
+            continue
         job = {"config": config, "batch": batch, "source": source, "target": target, "optim": optim,
                "steps": args.steps, "device": args.device, **options}
         result = run_child(__file__, {**job, "name": f"configuration-{len(rows) + 1}"}, env=CHILD_ENV)

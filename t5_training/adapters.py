@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -146,7 +147,10 @@ def apply(model, config: AdapterConfig, tokenizer_name: str | None = None):
 
     adapter = peft_config(config, model, tokenizer_name)
     try:
-        return peft.get_peft_model(model, adapter)
+        with warnings.catch_warnings():
+            # peft asks transformers 5 for is_gradient_checkpointing, which warns that it is deprecated.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return peft.get_peft_model(model, adapter)
     except (ValueError, TypeError) as err:
         # e.g. a model type peft has no default targets for: name them.
         raise UsageError(f"--peft {config.peft} could not be applied: {str(err).splitlines()[0]}; name the layers "

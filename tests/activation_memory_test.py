@@ -7,8 +7,9 @@ import torch
 import transformers
 from absl.testing import absltest, parameterized
 
+from t5_training import adapters
 from t5_training.losses import token_cross_entropy_sum
-from t5_training.tools import activation_memory, memory
+from t5_training.tools import activation_memory, adapter_memory, memory
 from tests import fixtures
 
 
@@ -59,28 +60,77 @@ class TracerMatchesAutogradTest(parameterized.TestCase):
         ("frozen_encoder_and_embeddings_bf16", {}, {"frozen": ("encoder", "embeddings"), "precision": "bf16"}),
     )
     def test_saved_bytes_on_cpu(self, config_overrides, options):
-        cfg = fixtures.tiny_t5_config(d_ff=40, d_kv=8, num_heads=3, num_layers=2, num_decoder_layers=2, **config_overrides)
-        precision, pure16 = options.get("precision", "fp32"), options.get("pure16", False)
-        frozen, padding = options.get("frozen", ()), options.get("padding", False)
+        cfg = _config(**config_overrides)
+        frozen = options.get("frozen", ())
         torch.manual_seed(0)
         model = transformers.T5ForConditionalGeneration(cfg).train()
-        if pure16:
-            model.to(torch.bfloat16)
         for name, param in model.named_parameters():
             param.requires_grad_(memory.part_of(name) not in frozen)
-        mask = torch.ones(2, 12, dtype=torch.long)
-        if padding:
-            mask[0, 6:] = 0
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16" and not pure16):
-            logits = model(input_ids=torch.randint(2, 32, (2, 12)), attention_mask=mask,
-                           decoder_input_ids=torch.randint(2, 32, (2, 5))).logits
-        loss = token_cross_entropy_sum(logits, torch.randint(2, 32, (2, 5)))
-        real = _graph_saved_bytes(loss, {p.untyped_storage().data_ptr() for p in model.parameters()})
+        tape = _assert_tracer_matches(self, cfg, model, options,
+                                      trainable={part: part not in frozen for part in memory.FROZEN})
+        self.assertGreater(len(tape.nodes), 0)
 
-        tape, _ = activation_memory.trace(cfg, batch=2, source=12, target=5, device="cpu", precision=precision,
-                                          pure16=pure16, trainable={part: part not in frozen for part in memory.FROZEN},
-                                          checkpointing=False, padding=padding)
-        self.assertEqual(sum(tape.bytes[k] for k in tape.saved_by()), real)
+
+class AdapterTracerMatchesAutogradTest(parameterized.TestCase):
+    """The same byte-for-byte check on models that peft wraps (--peft), base weights frozen."""
+
+    @parameterized.named_parameters(
+        ("lora_default_targets", {}, {"peft": "lora", "lora_r": 4}, {}),
+        ("lora_all_linears_dropout", {}, {"peft": "lora", "lora_r": 4, "lora_dropout": 0.1,
+                                          "lora_target_modules": "q,k,v,o,wi,wo"}, {}),
+        ("lora_head_bf16_padding", {"dropout_rate": 0.0},
+         {"peft": "lora", "lora_r": 2, "lora_target_modules": "k,wo,lm_head"}, {"precision": "bf16", "padding": True}),
+        ("lora_gated_pure_bf16", {"feed_forward_proj": "gated-gelu"},
+         {"peft": "lora", "lora_r": 4, "lora_target_modules": "q,wi_0,wi_1"}, {"precision": "bf16", "pure16": True}),
+        ("ia3_default", {}, {"peft": "ia3"}, {}),
+        ("ia3_bf16_no_dropout", {"dropout_rate": 0.0}, {"peft": "ia3"}, {"precision": "bf16"}),
+        ("ia3_pure_bf16", {}, {"peft": "ia3"}, {"precision": "bf16", "pure16": True}),
+        ("prompt_tuning", {}, {"peft": "prompt_tuning", "num_virtual_tokens": 5}, {}),
+        ("prompt_tuning_bf16_padding", {}, {"peft": "prompt_tuning", "num_virtual_tokens": 3},
+         {"precision": "bf16", "padding": True}),
+    )
+    def test_saved_bytes_on_cpu(self, config_overrides, adapter_flags, options):
+        cfg = _config(**config_overrides)
+        adapter_config = adapters.AdapterConfig(**{"prompt_init": "random", **adapter_flags})
+        torch.manual_seed(0)
+        model = adapters.apply(transformers.T5ForConditionalGeneration(cfg), adapter_config).train()
+        layers = adapter_memory.describe(cfg, adapter_config)
+        self.assertEqual(layers.trainable, {adapter_memory.base_name(n) for n, p in model.named_parameters()
+                                            if p.requires_grad})
+        tape = _assert_tracer_matches(self, cfg, model, options, trainable=dict.fromkeys(memory.FROZEN, False),
+                                      adapters=layers)
+        # Every adapted layer left its mark: the trace differs from the frozen model without the adapter.
+        plain, _ = activation_memory.trace(cfg, batch=2, source=12, target=5, device="cpu",
+                                           precision=options.get("precision", "fp32"),
+                                           pure16=options.get("pure16", False),
+                                           trainable=dict.fromkeys(memory.FROZEN, False), checkpointing=False,
+                                           padding=options.get("padding", False))
+        self.assertNotEqual(len(plain.nodes), len(tape.nodes))
+
+
+def _config(**overrides):
+    return fixtures.tiny_t5_config(d_ff=40, d_kv=8, num_heads=3, num_layers=2, num_decoder_layers=2, **overrides)
+
+
+def _assert_tracer_matches(test, cfg, model, options, *, trainable, adapters=None):
+    """One forward (batch 2, 12 -> 5 tokens) on the CPU: the bytes autograd saves equal the tracer's."""
+    precision, pure16, padding = options.get("precision", "fp32"), options.get("pure16", False), options.get(
+        "padding", False)
+    if pure16:
+        model.to(torch.bfloat16)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    if padding:
+        mask[0, 6:] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16" and not pure16):
+        logits = model(input_ids=torch.randint(2, 32, (2, 12)), attention_mask=mask,
+                       decoder_input_ids=torch.randint(2, 32, (2, 5))).logits
+    loss = token_cross_entropy_sum(logits, torch.randint(2, 32, (2, 5)))
+    real = _graph_saved_bytes(loss, {p.untyped_storage().data_ptr() for p in model.parameters()})
+    tape, _ = activation_memory.trace(cfg, batch=2, source=12, target=5, device="cpu", precision=precision,
+                                      pure16=pure16, trainable=trainable, checkpointing=False, padding=padding,
+                                      adapters=adapters)
+    test.assertEqual(sum(tape.bytes[k] for k in tape.saved_by()), real)
+    return tape
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import transformers
 
-from t5_training.tools import memory
+from t5_training import adapters
+from t5_training.tools import adapter_memory, memory
 from t5_training.errors import UsageError, run_cli
 from tests import fixtures
 
@@ -173,6 +174,53 @@ class ComponentsTest(parameterized.TestCase):
         self.assertLess(_estimate(source_length=128).total, _estimate().total)
 
 
+class AdapterTest(parameterized.TestCase):
+    """--peft: the adapter's parameters alone have gradients and optimizer state; the base weights stay."""
+
+    def _adapter(self, **flags):
+        return adapter_memory.describe(_small_config(), adapters.AdapterConfig(**flags))
+
+    @parameterized.named_parameters(
+        # LoRA: r * (d_in + d_out) per targeted matrix. t5-small's q, v (512 x 512) are in 6 encoder
+        # self-attentions and 6 decoder self- and 6 cross-attentions: 36 matrices.
+        ("lora_qv", {"peft": "lora", "lora_r": 8}, 36 * 8 * (512 + 512)),
+        # wi and wo (512 <-> 2048) in 12 feed-forward layers, r 4.
+        ("lora_ffn", {"peft": "lora", "lora_r": 4, "lora_target_modules": "wi,wo"}, 24 * 4 * (512 + 2048)),
+        # IA3's defaults: a vector over k's and v's outputs (512 each, 18 attentions) and over wo's
+        # input (2048, 12 feed-forward layers).
+        ("ia3", {"peft": "ia3"}, 36 * 512 + 12 * 2048),
+        ("prompt", {"peft": "prompt_tuning", "num_virtual_tokens": 20}, 20 * 512),
+    )
+    def test_only_the_adapter_trains(self, flags, trainable):
+        base, result = _estimate(), _estimate(adapter=self._adapter(**flags))
+        self.assertEqual(result.trainable_parameters, trainable)
+        self.assertEqual(result.parameters, base.parameters + trainable)
+        self.assertEqual(result.weights, 4 * result.parameters)
+        self.assertEqual(result.gradients, 4 * trainable)
+        self.assertEqual(result.optimizer_state, 8 * trainable)
+        self.assertLess(result.total, base.total)
+
+    def test_adapter_activations_sit_between_frozen_and_full(self):
+        # With every weight frozen the step saves what backward needs only once an adapter output
+        # needs a gradient; LoRA in every layer keeps less than full fine-tuning (no weight
+        # gradients' inputs for the frozen layers) and more than a fully frozen decoder-only run.
+        lora = _estimate(adapter=self._adapter(peft="lora", lora_target_modules="q,k,v,o,wi,wo"))
+        self.assertLess(lora.activations, _estimate().activations)
+        self.assertGreater(lora.activations, _estimate(frozen=("encoder", "embeddings")).activations)
+
+    def test_prompt_tuning_lengthens_the_encoder_input(self):
+        prompt = _estimate(adapter=self._adapter(peft="prompt_tuning", num_virtual_tokens=100))
+        shorter = _estimate(adapter=self._adapter(peft="prompt_tuning", num_virtual_tokens=1))
+        self.assertGreater(prompt.activations, shorter.activations)
+
+    def test_zero_shards_the_adapter_only(self):
+        adapter = self._adapter(peft="lora")
+        single, zero = _estimate(adapter=adapter), _estimate(adapter=adapter, zero_stage=2, world_size=4)
+        n = single.trainable_parameters
+        self.assertEqual(zero.optimizer_state, 8 * n // 4)
+        self.assertEqual(zero.gradients, 4 * -(-n // 4) + 4 * min(n, 512 ** 2))
+
+
 class BadInputTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
@@ -196,6 +244,11 @@ class BadInputTest(parameterized.TestCase):
         ("misspelt_flag", ["--batch_sise", "4"], "did you mean --batch_size"),
         ("dropout", ["--dropout_rate", "1.5"], "--dropout_rate must be in"),
         ("freeze_everything", ["--freeze_encoder", "--freeze_decoder", "--freeze_embeddings"], "nothing to train"),
+        ("lora_missing_target", ["--peft", "lora", "--lora_target_modules", "q,query"],
+         "no linear layer named 'query'"),
+        ("freeze_with_adapter", ["--peft", "ia3", "--freeze_encoder"], "--freeze_encoder with --peft ia3"),
+        ("zero_virtual_tokens", ["--peft", "prompt_tuning", "--num_virtual_tokens", "0"],
+         "--num_virtual_tokens must be at least 1"),
     )
     def test_command_line_errors_are_one_line(self, argv, message):
         stderr = io.StringIO()
@@ -236,6 +289,11 @@ class CommandTest(absltest.TestCase):
         values = json.loads(text)
         self.assertEqual(values["bytes"], result.to_dict())
         self.assertEqual((values["inputs"]["zero_stage"], values["inputs"]["freeze_embeddings"]), (2, True))
+
+    def test_peft_flags_are_fine_tune_t5s(self):
+        result, text = self._run("--peft", "lora", "--lora_r", "4", "--lora_target_modules", "q,k,v,o")
+        self.assertEqual(result.trainable_parameters, 72 * 4 * 1024)  # 4 matrices in 18 attentions
+        self.assertIn("60.8M parameters (294,912 trainable: LoRA r=4 on k,o,q,v)", text.splitlines()[0])
 
     def test_overrides_reach_the_model_config(self):
         with_dropout, _ = self._run("--device", "cpu")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from t5_training.errors import UsageError
+from t5_training.tools import adapter_memory
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,10 @@ class Tape:
         self.node([(x32, x.rg), (x, x.rg), (rsqrt, x.rg), (normed, trainable)], [out, x32])
         return out
 
-    def dropout(self, x: _T) -> _T:
-        """CPU dropout multiplies by a float mask of x's dtype; CUDA's fused kernel keeps a bool mask."""
-        if self.dropout_rate == 0:
+    def dropout(self, x: _T, rate: float | None = None) -> _T:
+        """CPU dropout multiplies by a float mask of x's dtype; CUDA's fused kernel keeps a bool mask.
+        `rate` is the model's dropout unless given (LoRA's own)."""
+        if (self.dropout_rate if rate is None else rate) == 0:
             return x  # F.dropout with p=0 returns its input
         out = self.new(x.numel, x.itemsize, x.rg)
         self.node([(self.new(x.numel, x.itemsize if self.cpu else 1, False), x.rg)], [out, x])
@@ -164,13 +166,16 @@ class Tape:
 
 
 def trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, bool], device: str, precision: str,
-          pure16: bool, checkpointing: bool, padding: bool) -> tuple[Tape, list[str]]:
+          pure16: bool, checkpointing: bool, padding: bool,
+          adapters: adapter_memory.AdapterLayers | None = None) -> tuple[Tape, list[str]]:
     """One training forward of T5ForConditionalGeneration plus the project's fp32 cross entropy
-    (`losses.token_cross_entropy_sum`), stage by stage in the order backward undoes them."""
+    (`losses.token_cross_entropy_sum`), stage by stage in the order backward undoes them. With
+    `adapters` (adapter_memory.describe), the adapted layers and a prompt's positions are traced too."""
     tape = Tape(device=device, precision=precision, pure16=pure16, dropout=cfg.dropout_rate,
                 checkpointing=checkpointing)
     forward = _Forward(cfg, tape, batch=batch, source=source, target=target, trainable=trainable,
-                       checkpointing=checkpointing, padding=padding, matmul_bytes=4 if precision == "fp32" else 2)
+                       checkpointing=checkpointing, padding=padding, matmul_bytes=4 if precision == "fp32" else 2,
+                       adapters=adapters)
     encoded = forward.encoder()
     y = forward.decoder(encoded)
     forward.head_and_loss(y)
@@ -181,8 +186,11 @@ class _Forward:
     """The stages of one T5 forward, recorded on a Tape: embeddings, blocks, final norms, head, loss."""
 
     def __init__(self, cfg, tape: Tape, *, batch: int, source: int, target: int, trainable: dict[str, bool],
-                 checkpointing: bool, padding: bool, matmul_bytes: int):
-        self.cfg, self.tape, self.batch, self.source, self.target = cfg, tape, batch, source, target
+                 checkpointing: bool, padding: bool, matmul_bytes: int, adapters=None):
+        self.prompt = adapters.prompt_tokens if adapters else 0
+        # The encoder reads the prompt's positions too; `source` is the data's length.
+        self.cfg, self.tape, self.batch, self.source, self.target = cfg, tape, batch, source + self.prompt, target
+        self.adapters = adapters
         self.matmul_bytes = matmul_bytes
         self.trainable, self.checkpointing, self.padding = trainable, checkpointing, padding
         self.d, self.inner, self.d_ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
@@ -193,12 +201,18 @@ class _Forward:
         self.tape.stage = len(self.stages)
         self.stages.append(name)
 
-    def embed(self, tokens: int) -> _T:
+    def embed(self, length: int, prompt: int = 0) -> _T:
         tape = self.tape
+        tokens = self.batch * (length - prompt)
         # Gradient checkpointing makes the embedding output require grad (enable_input_require_grads).
         out = tape.new(tokens * self.d, tape.weight_bytes, self.trainable["embeddings"] or self.checkpointing)
         tape.node([(tape.new(tokens, 8, False), self.trainable["embeddings"])], [out])  # saves the token ids
+        if prompt:
+            out = adapter_memory.prompt(tape, out, batch=self.batch, tokens=prompt, d_model=self.d)
         return tape.dropout(out)
+
+    def linear(self, module: str, x: _T, n_in: int, n_out: int, trainable: bool) -> _T:
+        return adapter_memory.linear(self.tape, self.adapters, module, x, n_in, n_out, trainable)
 
     def relative_bias(self, length: int, trainable_bias: bool) -> _T:
         tape = self.tape
@@ -220,34 +234,39 @@ class _Forward:
             x = out
         return x
 
-    def attention(self, x: _T, length: int, bias: _T, tr: bool, keys: _T | None = None, key_length: int = 0) -> _T:
+    def attention(self, module: str, x: _T, length: int, bias: _T, tr: bool, keys: _T | None = None,
+                  key_length: int = 0) -> _T:
         """Self-attention (keys None) or cross-attention over `keys`, with its output projection."""
         tape, d, inner = self.tape, self.d, self.inner
         h = tape.layer_norm(x, self.batch * length, tr)
-        q = tape.linear(h, d, inner, tr)
-        k, v = (tape.linear(h if keys is None else keys, d, inner, tr) for _ in range(2))
+        q = self.linear(f"{module}.q", h, d, inner, tr)
+        k, v = (self.linear(f"{module}.{name}", h if keys is None else keys, d, inner, tr) for name in "kv")
         a = tape.attention(q, k, v, bias, batch=self.batch, heads=self.heads, queries=length,
                            keys=key_length or length)
-        return self.sublayer_output(x, tape.linear(a, inner, d, tr))
+        return self.sublayer_output(x, self.linear(f"{module}.o", a, inner, d, tr))
 
-    def block(self, x: _T, length: int, bias: _T, tr: bool, cross: tuple[_T, _T] | None = None) -> _T:
+    def block(self, name: str, x: _T, length: int, bias: _T, tr: bool, cross: tuple[_T, _T] | None = None) -> _T:
+        """One T5Block; `name` is its module's, e.g. encoder.block.0 (adapters are found by name)."""
         tape, d, d_ff = self.tape, self.d, self.d_ff
-        x = self.attention(x, length, bias, tr)
+        x = self.attention(f"{name}.layer.0.SelfAttention", x, length, bias, tr)
         if cross:
             encoded, cross_bias = cross
-            x = self.attention(x, length, cross_bias, tr, keys=encoded, key_length=self.source)
+            x = self.attention(f"{name}.layer.1.EncDecAttention", x, length, cross_bias, tr, keys=encoded,
+                               key_length=self.source)
+        ff = f"{name}.layer.{2 if cross else 1}.DenseReluDense"
         h = tape.layer_norm(x, self.batch * length, tr)
         if self.cfg.is_gated_act:
-            y = tape.mul(tape.gelu_new(tape.linear(h, d, d_ff, tr)), tape.linear(h, d, d_ff, tr))
+            y = tape.mul(tape.gelu_new(self.linear(f"{ff}.wi_0", h, d, d_ff, tr)),
+                         self.linear(f"{ff}.wi_1", h, d, d_ff, tr))
         else:
-            y = tape.relu(tape.linear(h, d, d_ff, tr))
+            y = tape.relu(self.linear(f"{ff}.wi", h, d, d_ff, tr))
         y = tape.cast(tape.dropout(y), tape.weight_bytes)  # .to(wo.weight.dtype)
-        return self.sublayer_output(x, tape.linear(y, d_ff, d, tr))
+        return self.sublayer_output(x, self.linear(f"{ff}.wo", y, d_ff, d, tr))
 
     def encoder(self) -> _T:
         tape, batch, source, tr = self.tape, self.batch, self.source, self.trainable["encoder"]
         self.begin("encoder embedding")
-        x = self.embed(batch * source)
+        x = self.embed(source, prompt=self.prompt)
         padding_mask = tape.new(batch * source * source, 1, False) if self.padding else None
         for layer in range(self.cfg.num_layers):
             self.begin(f"encoder layer {layer}")
@@ -257,14 +276,14 @@ class _Forward:
             # The bias is a permuted view: .contiguous() copies it when no padding mask is combined in.
             mask = (self.where(padding_mask, bias, batch) if self.padding
                     else tape.new(bias.numel, bias.itemsize, bias.rg))
-            x = self.block(x, source, mask, tr)
+            x = self.block(f"encoder.block.{layer}", x, source, mask, tr)
         self.begin("encoder final norm")
         return tape.dropout(tape.layer_norm(x, batch * source, tr))
 
     def decoder(self, encoded: _T) -> _T:
         tape, batch, source, target, tr = self.tape, self.batch, self.source, self.target, self.trainable["decoder"]
         self.begin("decoder embedding")
-        y = self.embed(batch * target)
+        y = self.embed(target)
         cross_mask = tape.new(batch * target * source, 1, False) if self.padding else None
         for layer in range(self.cfg.num_decoder_layers):
             self.begin(f"decoder layer {layer}")
@@ -276,7 +295,7 @@ class _Forward:
                                                      zeros if layer else None) if t}
             causal = self.where(tape.new(target * target, 1, False), bias, 1)
             cross_bias = self.where(cross_mask, zeros, batch) if self.padding else zeros
-            y = self.block(y, target, causal, tr, cross=(encoded, cross_bias))
+            y = self.block(f"decoder.block.{layer}", y, target, causal, tr, cross=(encoded, cross_bias))
         self.begin("decoder final norm")
         return tape.dropout(tape.layer_norm(y, batch * target, tr))
 
@@ -285,7 +304,7 @@ class _Forward:
         self.begin("lm head and loss")
         if getattr(self.cfg, "scale_decoder_outputs", self.cfg.tie_word_embeddings):
             y = tape.new(y.numel, y.itemsize, y.rg)  # * d_model**-0.5 (a scalar: nothing saved)
-        logits = tape.linear(y, self.d, self.vocab, self.trainable["embeddings"])
+        logits = self.linear("lm_head", y, self.d, self.vocab, self.trainable["embeddings"])
         logits32 = tape.cast(logits, 4)  # losses.token_cross_entropy_sum computes the loss in fp32
         if logits32 is not logits:
             tape.node([], [logits32, logits])
@@ -330,8 +349,10 @@ def gradient_stage(name: str, stages: list[str], tied: bool) -> int:
         return stages.index(f"{block[1]} layer {block[2]}")
     if name.endswith("final_layer_norm.weight"):
         return stages.index(f"{name.split('.')[0]} final norm")
-    if name == "lm_head.weight" or (name == "shared.weight" and tied):
+    if name.startswith("lm_head.") or (name == "shared.weight" and tied):
         return stages.index("lm head and loss")
     if name == "shared.weight":
         return stages.index("decoder embedding")
+    if name.startswith("prompt_encoder."):  # prompt tuning's soft tokens, before the encoder's input
+        return stages.index("encoder embedding")
     raise UsageError(f"unexpected parameter {name}: only T5ForConditionalGeneration layouts are supported")

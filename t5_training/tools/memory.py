@@ -28,6 +28,8 @@ that optim.py builds; per-tensor optimizers hold copies of the largest tensor (a
 T5's Adafactor 1, HF's 2); DeepSpeed's unfused client AdamW copies its partition (foreach on a
 GPU once, per tensor on a CPU twice). Not counted: the
 CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
+With `--peft` (fine_tune_t5.py's adapter flags) every base weight is frozen and the adapter's own
+parameters train; `adapter_memory` puts the adapter on the meta model with peft and traces its layers.
 `benchmarks/memory_estimator.py` checks the total against measured memory.
 """
 from __future__ import annotations
@@ -42,7 +44,8 @@ from typing import Literal, Sequence
 
 import torch
 
-from t5_training.tools import activation_memory
+from t5_training import adapters
+from t5_training.tools import activation_memory, adapter_memory
 from t5_training.adafactor import factored_dims
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
@@ -53,8 +56,9 @@ FROZEN = ("encoder", "decoder", "embeddings")
 
 
 @dataclass(frozen=True)
-class MemoryConfig:
-    """Flags of `python -m t5_training.memory`: the model, the batch and how it is trained."""
+class MemoryConfig(adapters.AdapterConfig):
+    """Flags of `python -m t5_training.memory`: the model, the batch and how it is trained, with
+    fine_tune_t5.py's --peft flags for an adapter."""
 
     config_name: str = field(default="configs/t5-small.json", metadata={"help": "Model config: JSON file, "
                                                                               "folder or hub name."})
@@ -87,6 +91,7 @@ class MemoryConfig:
             raise UsageError(f"--dropout_rate must be in [0, 1), got {self.dropout_rate}")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise UsageError(f"--vocab_size must be at least 1, got {self.vocab_size}")
+        super().__post_init__()
 
     @property
     def frozen(self) -> tuple[str, ...]:
@@ -178,23 +183,26 @@ def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, pa
 def estimate(model_config, *, batch_size: int, source_length: int, target_length: int, precision: str = "fp32",
              optim: str = "adamw_torch", zero_stage: int = 0, world_size: int = 1,
              gradient_checkpointing: bool = False, frozen: Sequence[str] = (), device: str = "cuda",
-             padding: bool = True) -> MemoryEstimate:
+             padding: bool = True, adapter: adapter_memory.AdapterLayers | None = None) -> MemoryEstimate:
     """Peak memory per device of one training step (forward, backward, optimizer step) of a T5
-    model shaped by `model_config` (a transformers T5Config), as the module docstring describes."""
+    model shaped by `model_config` (a transformers T5Config), as the module docstring describes.
+    With `adapter` (adapter_memory.describe) only the adapter trains, and its layers are traced."""
     _check(batch_size, source_length, target_length, zero_stage, world_size, frozen)
     if precision not in PRECISIONS or optim not in OPTIMIZERS or device not in ("cuda", "cpu"):
         raise UsageError(f"precision, optim and device must be one of {PRECISIONS}, {OPTIMIZERS}, "
                          f"('cuda', 'cpu'); got {precision!r}, {optim!r}, {device!r}")
     pure16 = zero_stage > 0 and precision != "fp32"  # DeepSpeed runs the model itself in 16-bit
     weight_bytes = 2 if pure16 else 4
-    trainable = {part: part not in frozen for part in FROZEN}
+    # An adapter freezes every base weight and trains its own.
+    trainable = {part: adapter is None and part not in frozen for part in FROZEN}
     tape, stages = activation_memory.trace(
         model_config, batch=batch_size, source=source_length, target=target_length, trainable=trainable,
-        device=device, precision=precision, pure16=pure16, checkpointing=gradient_checkpointing, padding=padding)
-    shapes = parameter_shapes(model_config)
+        device=device, precision=precision, pure16=pure16, checkpointing=gradient_checkpointing, padding=padding,
+        adapters=adapter)
+    shapes = adapter.shapes if adapter else parameter_shapes(model_config)
     tied = model_config.tie_word_embeddings
     stage_of = {name: activation_memory.gradient_stage(name, stages, tied) for name in shapes}
-    learn = [name for name in shapes if trainable[part_of(name)]]
+    learn = [name for name in shapes if (name in adapter.trainable if adapter else trainable[part_of(name)])]
     n_params, n_learn = sum(math.prod(s) for s in shapes.values()), sum(math.prod(shapes[n]) for n in learn)
 
     shard = lambda n, stage: -(-n // world_size) if zero_stage >= stage else n  # noqa: E731
@@ -258,7 +266,11 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def format_estimate(config: MemoryConfig, result: MemoryEstimate) -> str:
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def format_estimate(config: MemoryConfig, result: MemoryEstimate, adapter=None) -> str:
     """The estimate as a table, with what each row holds."""
     from t5_training.reporting import format_table
 
@@ -282,7 +294,8 @@ def format_estimate(config: MemoryConfig, result: MemoryEstimate) -> str:
                   + (" and 16-bit weight copies" if config.precision != "fp32" and not pure16 else "")},
         {"component": "total (peak)", "per device": _size(result.total), "holds": f"at {result.peak_at}"},
     ]
-    millions = f"{result.parameters / 1e6:.1f}M parameters ({result.trainable_parameters / 1e6:.1f}M trainable)"
+    millions = (f"{_count(result.parameters)} parameters ({_count(result.trainable_parameters)} trainable"
+                + (f": {adapter.describe_method()})" if adapter else ")"))
     head = (f"{config.config_name}: {millions}; batch {config.batch_size}, "
             f"{config.source_length} -> {config.target_length} tokens, {config.precision}, {config.optim}{zero}"
             f"{', gradient checkpointing' if config.gradient_checkpointing else ''}, {config.device}")
@@ -295,15 +308,16 @@ def format_estimate(config: MemoryConfig, result: MemoryEstimate) -> str:
 def main(argv: Sequence[str] | None = None) -> MemoryEstimate:
     config = parse_config(MemoryConfig, argv)
     model_config = load_model_config(config.config_name, config.dropout_rate, config.vocab_size)
+    adapter = adapter_memory.describe(model_config, config) if adapters.in_use(config) else None
     result = estimate(model_config, batch_size=config.batch_size, source_length=config.source_length,
                       target_length=config.target_length, precision=config.precision, optim=config.optim,
                       zero_stage=config.zero_stage, world_size=config.world_size,
                       gradient_checkpointing=config.gradient_checkpointing, frozen=config.frozen,
-                      device=config.device, padding=config.padding)
+                      device=config.device, padding=config.padding, adapter=adapter)
     if config.json:
         print(json.dumps({"inputs": dataclasses.asdict(config), "bytes": result.to_dict()}, indent=2))
     else:
-        print(format_estimate(config, result))
+        print(format_estimate(config, result, adapter))
     return result
 
 
