@@ -128,9 +128,12 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
     train_loader, eval_loaders = multitask.build_loaders(tasks, config, tokenizer, start_id,
                                                          accelerator.num_processes)
     sampler = train_loader.sampler  # before prepare wraps the loader: a mixture's rows are read back from it
+    drawn = mixture.describe(list(tasks.entries), sampler) if tasks.mixed else {}
 
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
-    state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler)
+    state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
+                           check=lambda saved, path: mixture.check_same_mixture(saved.mixture, drawn, path))
+    state.mixture = drawn
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = multitask.objective(config.benchmark, tasks)
     evaluate_fn = multitask.make_evaluator(accelerator, config, tasks, run.eval_loaders, tokenizer, decodings)

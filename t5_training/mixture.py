@@ -187,6 +187,22 @@ class MixtureSampler(torch.utils.data.Sampler[int]):
         return torch.cat([self.order(e) for e in range(epoch)] + [self.order(epoch)[:samples_in_epoch]])
 
 
+def describe(names: Sequence[str], sampler: MixtureSampler) -> dict:
+    """What a mixture draws from, as a checkpoint records it (TrainState.mixture)."""
+    return {"tasks": list(names), "train_rows": sampler.sizes, "rates": sampler.rates, "epoch_rows": sampler.epoch_rows}
+
+
+def check_same_mixture(saved: dict, now: dict, path: str) -> None:
+    """Refuses to resume a mixture from a checkpoint that drew from another one: its data position would
+    name other rows. A checkpoint of a single task, or from before mixtures were recorded, records none."""
+    if saved and saved != now:
+        def show(m):
+            return ", ".join(f"{t} {100 * r:.2f}% of {n}" for t, r, n in zip(m["tasks"], m["rates"], m["train_rows"]))
+        raise UsageError(f"checkpoint {path} was trained on another mixture ({show(saved)}) than this run's "
+                         f"({show(now)}); resume with its --dataset_name, mixing flags and --max_train_samples, or "
+                         "start a new run from its weights with --model_name_or_path")
+
+
 def write_trained_rows(output_dir: str, names: Sequence[str], sampler: MixtureSampler, epoch: int,
                        samples_in_epoch: int, log=print) -> dict:
     """Writes mixture_rows.tsv (every row trained on, in order) and mixture_rates.json; returns the latter.

@@ -18,7 +18,7 @@ from absl.testing import absltest, parameterized
 
 import fine_tune_t5
 from constants import GLUE
-from t5_training import mixture, multitask
+from t5_training import mixture, multitask, run_dir
 from t5_training.errors import UsageError
 from tests import fixtures
 
@@ -132,6 +132,24 @@ class MixtureRunTest(fixtures.TempDirTestCase):
                                                "--eval_decoding", "score"))
         for key in ("sst2/accuracy", "cola/matthews_corrcoef", "glue_score"):
             self.assertEqual(again["eval"][key], evals[key], key)
+
+
+class ResumeAnotherMixtureTest(fixtures.TempDirTestCase):
+
+    def test_a_checkpoint_of_another_mixture_is_refused_in_one_line(self):
+        out = os.path.join(self.dir, "run")
+        fine_tune_t5.main(mixture_args(out, "--max_steps", "2", "--max_eval_samples", "8"))
+        recorded = run_dir.read_state(out)["mixture"]
+        self.assertEqual((recorded["tasks"], recorded["rates"], recorded["epoch_rows"]), (["sst2", "cola"], [0.5, 0.5],
+                                                                                          200))
+        before = fixtures.snapshot(out)
+        # The same two tasks in the other order draw other rows at the same position.
+        args = mixture_args(out, "--max_steps", "4", "--max_eval_samples", "8", "--resume_from_checkpoint", "auto")
+        args[args.index("sst2,cola")] = "cola,sst2"
+        with self.assertRaisesRegex(UsageError, r"step-000002 was trained on another mixture \(sst2 50.00% of 100, "
+                                                r"cola 50.00% of 100\) than this run's \(cola 50.00% of 100, sst2"):
+            fine_tune_t5.main(args)
+        self.assertEqual(fixtures.snapshot(out), before)
 
 
 class TwoProcessShardTest(fixtures.TempDirTestCase):
