@@ -178,5 +178,27 @@ class TwoProcessShardTest(fixtures.TempDirTestCase):
         self.assertEqual(joined, expected.tolist())
 
 
+    def test_two_gloo_processes_train_the_mixture_like_one_with_twice_the_batch(self):
+        common = ["--max_steps", "4", "--dropout_rate", "0", "--max_eval_samples", "8", "--mixing", "temperature",
+                  "--mixing_temperature", "2", "--max_train_samples", "60"]
+        two, one = os.path.join(self.dir, "two"), os.path.join(self.dir, "one")
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                  "--main_process_port", "0", os.path.join(fixtures.REPO, "fine_tune_t5.py")]
+        env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(launch + mixture_args(two, "--per_device_train_batch_size", "4", *common), env=env,
+                              capture_output=True, text=True, timeout=600, cwd=fixtures.REPO)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        fine_tune_t5.main(mixture_args(one, "--per_device_train_batch_size", "8", *common))
+        for step, (a, b) in enumerate(zip(run_dir.read_losses(two), run_dir.read_losses(one)), start=1):
+            self.assertAlmostEqual(a, b, delta=1e-4 * abs(b), msg=f"step {step}")
+        # The same rows of the same tasks, and every task's dev rows evaluated once.
+        with open(os.path.join(two, mixture.ROWS_FILE), encoding="utf-8") as f, \
+                open(os.path.join(one, mixture.ROWS_FILE), encoding="utf-8") as g:
+            self.assertEqual(f.read(), g.read())
+        with open(os.path.join(two, "predictions_cola_validation.tsv"), encoding="utf-8") as f:
+            self.assertLen(f.readlines(), 9)
+
+
 if __name__ == "__main__":
     absltest.main()
