@@ -11,10 +11,11 @@ sum to 1.
 
 `MixtureSampler` draws the rows. Like the single-task samplers it is a pure function of (seed,
 epoch): each epoch of the mixture holds a fixed number of rows, split among the tasks in exact
-proportion to their rates (largest remainders, carried from epoch to epoch) and shuffled, and a task's share walks through
-fresh permutations of its rows. The loop's data position (`TrainState.epoch`, `samples_in_epoch`)
-therefore says exactly which rows come next, so resuming is exact, and accelerate deals each
-global batch out to the processes without a row twice, as for one task.
+proportion to their rates (largest remainders, carried from epoch to epoch) and shuffled, and a
+task's share walks through fresh permutations of its rows. The loop's data position
+(`TrainState.epoch`, `samples_in_epoch`) therefore says exactly which rows come next, so resuming
+is exact, and accelerate deals each global batch out to the processes without a row twice, as
+for one task.
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ class MixtureConfig:
             raise UsageError(f"--mixing_temperature must be positive, got {self.mixing_temperature}; "
                              "T5 used 2, 8 and 256 (1 is examples-proportional)")
         if mode == "temperature" and self.mixing_temperature is None:
-            raise UsageError("--mixing temperature needs --mixing_temperature T (rates ∝ size^(1/T); T5 used 2, 8, 256)")
+            raise UsageError("--mixing temperature needs --mixing_temperature T (rates ∝ size^(1/T); "
+                             "T5 used 2, 8, 256)")
         if mode != "temperature" and self.mixing_temperature is not None:
             raise UsageError(f"--mixing_temperature applies to --mixing temperature, not {mode}; add "
                              "--mixing temperature or drop it")
