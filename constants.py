@@ -109,6 +109,9 @@ class TaskEntry:
     local: LocalFiles | None = None
     package_corpus: PackageCorpus | None = None
     submission: Submission | None = None
+    # The task's folder in the benchmark's own download (GLUE's: CoLA/, SST-2/, ...): a mixture's
+    # --data_dir holds one per task (README, "Multi-task training").
+    folder: str | None = None
 
 
 GLUE_HUB = "nyu-mll/glue"
@@ -130,6 +133,7 @@ GLUE: Mapping[str, TaskEntry] = {
         metric_to_optimize="matthews_corrcoef",
         hub_path=GLUE_HUB,
         hub_name="cola",
+        folder="CoLA",
         # source, label, original annotation, sentence; no header row.
         local=LocalFiles(splits=_DEV, header=False, columns={"1": "label", "3": "sentence"}),
         submission=Submission(splits=(TestSplit("test", "CoLA.tsv"),), labels=_IDS,
@@ -141,6 +145,7 @@ GLUE: Mapping[str, TaskEntry] = {
         label_words=("negative", "positive"),
         hub_path=GLUE_HUB,
         hub_name="sst2",
+        folder="SST-2",
         local=LocalFiles(splits=_DEV, columns={"sentence": "sentence", "label": "label"}),
         submission=Submission(splits=(TestSplit("test", "SST-2.tsv"),), labels=_IDS,
                               local=LocalFiles(splits=_TEST, columns={"index": "index", "sentence": "sentence"})),
@@ -153,6 +158,7 @@ GLUE: Mapping[str, TaskEntry] = {
         metric_to_optimize="f1",
         hub_path=GLUE_HUB,
         hub_name="mrpc",
+        folder="MRPC",
         local=LocalFiles(
             splits=_DEV,
             columns={"Quality": "label", "#1 String": "sentence1", "#2 String": "sentence2"},
@@ -171,6 +177,7 @@ GLUE: Mapping[str, TaskEntry] = {
         metric_to_optimize="f1",
         hub_path=GLUE_HUB,
         hub_name="qqp",
+        folder="QQP",
         local=LocalFiles(
             splits=_DEV,
             columns={"question1": "question1", "question2": "question2", "is_duplicate": "label"},
@@ -188,6 +195,7 @@ GLUE: Mapping[str, TaskEntry] = {
         metric_to_optimize="pearson_corrcoef",
         hub_path=GLUE_HUB,
         hub_name="stsb",
+        folder="STS-B",
         local=LocalFiles(
             splits=_DEV,
             columns={"sentence1": "sentence1", "sentence2": "sentence2", "score": "label"},
@@ -203,6 +211,7 @@ GLUE: Mapping[str, TaskEntry] = {
         eval_splits=("validation_matched", "validation_mismatched"),
         hub_path=GLUE_HUB,
         hub_name="mnli",
+        folder="MNLI",
         local=LocalFiles(
             splits={
                 "train": "train.tsv",
@@ -230,6 +239,7 @@ GLUE: Mapping[str, TaskEntry] = {
         label_words=("entailment", "not_entailment"),
         hub_path=GLUE_HUB,
         hub_name="qnli",
+        folder="QNLI",
         local=LocalFiles(
             splits=_DEV,
             columns={"question": "question", "sentence": "sentence", "label": "label"},
@@ -245,6 +255,7 @@ GLUE: Mapping[str, TaskEntry] = {
         label_words=("entailment", "not_entailment"),
         hub_path=GLUE_HUB,
         hub_name="rte",
+        folder="RTE",
         local=LocalFiles(
             splits=_DEV,
             columns={"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
@@ -259,6 +270,7 @@ GLUE: Mapping[str, TaskEntry] = {
         label_words=("not_entailment", "entailment"),
         hub_path=GLUE_HUB,
         hub_name="wnli",
+        folder="WNLI",
         local=LocalFiles(
             splits=_DEV,
             columns={"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},

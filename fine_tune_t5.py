@@ -4,6 +4,9 @@
         --model_name_or_path t5-small --output_dir runs/sst2 --report_to wandb
     # offline, from the original GLUE files:
     python fine_tune_t5.py --benchmark glue --dataset_name sst2 --data_dir ../shared/data/SST-2 ...
+    # a mixture of tasks (T5 section 3.5.2), each from its folder in --data_dir (glue_data/CoLA, ...):
+    accelerate launch fine_tune_t5.py --benchmark glue --dataset_name all --data_dir glue_data \
+        --mixing examples_proportional --mixing_cap 65536 ...
     # flags from a file, overridden on the command line:
     python fine_tune_t5.py --config run.yaml --learning_rate 1e-4
     # GLUE's leaderboard files from a trained model, no training:
@@ -12,7 +15,9 @@
 
 Writes to --output_dir: step-NNNNNN/ checkpoints, best/ and final/ models (save_pretrained),
 eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png; with
---do_predict, submission/<Task>.tsv and submission.zip (t5_training/submission.py).
+--do_predict, submission/<Task>.tsv and submission.zip (t5_training/submission.py). A mixture
+writes predictions_<task>_<split>.tsv, and mixture_rows.tsv and mixture_rates.json: every row it
+trained on, and each task's configured and realised rate (t5_training/mixture.py).
 """
 from __future__ import annotations
 
@@ -22,21 +27,23 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training import (adapters, agreement, batch_size, checkpoint, data, evaluation, loop, run_dir, runtime,
-                         submission)
+from constants import DATASET_VALS
+from t5_training import (adapters, agreement, batch_size, checkpoint, data, evaluation, loop, mixture, multitask,
+                         run_dir, runtime, submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
-from t5_training.tasks import get_entry
 
 
 @dataclass(frozen=True)
-class FineTuneConfig(ModelConfig, adapters.AdapterConfig, TrainingConfig):
-    """Flags of fine_tune_t5.py: the shared training and model flags, the adapter (--peft), and the task's data."""
+class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig, TrainingConfig):
+    """Flags of fine_tune_t5.py: the shared training and model flags, the adapter (--peft), the mixture, the data."""
 
     benchmark: str = field(default="glue", metadata={"help": "A key of DATASET_VALS: glue, seq2seq, embedded."})
-    dataset_name: str = field(default="sst2", metadata={"help": "A task of the benchmark, e.g. sst2, mnli."})
-    data_dir: str | None = field(default=None, metadata={"help": "Folder with the task's original files."})
+    dataset_name: str = field(default="sst2", metadata={"help": "A task of the benchmark, e.g. sst2, mnli; or a "
+                                                                "mixture: all, or a comma list (cola,sst2,mrpc)."})
+    data_dir: str | None = field(default=None, metadata={"help": "Folder with the task's original files; for a "
+                                                                 "mixture, the folder holding each task's folder."})
     train_file: str | None = field(default=None, metadata={"help": "CSV/TSV/JSONL training rows."})
     validation_file: str | None = field(default=None, metadata={"help": "CSV/TSV/JSONL evaluation rows."})
     max_source_length: int = 512
@@ -72,6 +79,8 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, TrainingConfig):
             raise UsageError("pass both --train_file and --validation_file, or neither")
         if not self.do_train:
             self._check_evaluation_only()
+        if self.benchmark in DATASET_VALS:  # an unknown one is named when the run starts
+            self.check_mixture_flags(mixture.task_names(DATASET_VALS[self.benchmark], self.dataset_name))
 
     def _check_evaluation_only(self):
         if not self.model_name_or_path:
@@ -88,75 +97,83 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, TrainingConfig):
 def main(argv: list[str] | None = None) -> dict:
     """Parses and builds; trains and exports (or only evaluates: --do_train false); predicts (--do_predict)."""
     config = parse_config(FineTuneConfig, argv)
-    entry = get_entry(config.benchmark, config.dataset_name)
+    entries = multitask.entries(config)
     resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
                                               config.resume_from_checkpoint)
     accelerator = runtime.build_accelerator(config)
-    decoding = evaluation.resolve_decoding(config.eval_decoding, entry, accelerator)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
     model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path)
 
     # Every input, test files included, is read and checked before anything is written.
-    task, tests = agreement.main_process_first(accelerator, lambda: (
-        data.build_task_data(entry, config, tokenizer, accelerator.print, train=config.do_train),
-        submission.build_test_data(entry, config, tokenizer, accelerator.print) if config.do_predict else {}))
+    tasks = agreement.main_process_first(
+        accelerator, lambda: multitask.read_tasks(config, entries, tokenizer, accelerator.print))
+    decodings = multitask.resolve_decodings(config.eval_decoding, tasks, accelerator)
     start_id = model.config.decoder_start_token_id
     if config.do_train:
-        model, results = train(accelerator, config, entry, task, model, tokenizer, start_id, decoding, resume_path)
+        model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path)
     else:
-        model, results = evaluate(accelerator, config, entry, task, model, tokenizer, start_id, decoding)
+        model, results = evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     if config.do_predict:
-        results["predict"] = predict(accelerator, config, entry, task, tests, model, tokenizer, start_id, decoding)
+        results["predict"] = predict(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     runtime.close(accelerator)
     return results
 
 
-def train(accelerator, config, entry, task, model, tokenizer, start_id, decoding, resume_path):
+def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path):
     """Prepares, resumes, trains and exports; returns the trained model and the results files' contents."""
-    longest = data.make_longest_batch(task, tokenizer, start_id)
+    longest = data.make_longest_batch(multitask.combined_train(tasks), tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
-    train_loader, eval_loaders = data.build_loaders(task, config, tokenizer, start_id, accelerator.num_processes)
+    train_loader, eval_loaders = multitask.build_loaders(tasks, config, tokenizer, start_id,
+                                                         accelerator.num_processes)
+    sampler = train_loader.sampler  # before prepare wraps the loader: a mixture's rows are read back from it
+    drawn = mixture.describe(list(tasks.entries), sampler) if tasks.mixed else {}
 
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
-    state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler)
+    state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
+                           check=lambda saved, path: mixture.check_same_mixture(saved.mixture, drawn, path))
+    state.mixture = drawn
     runtime.init_trackers(accelerator, config, config.project_name)
-    objective = loop.Objective(entry.metric_to_optimize, entry.greater_is_better)
-    evaluate_fn = make_evaluator(accelerator, config, entry, task, run.eval_loaders, tokenizer, decoding)
+    objective = multitask.objective(config.benchmark, tasks)
+    evaluate_fn = multitask.make_evaluator(accelerator, config, tasks, run.eval_loaders, tokenizer, decodings)
     state = loop.train(accelerator, config, run, state, evaluate=evaluate_fn, objective=objective,
                        export=run_dir.exporter(accelerator, tokenizer, config.output_dir))
     run_dir.export_final(accelerator, run.model, tokenizer, config.output_dir)
+    if tasks.mixed and accelerator.is_main_process:
+        mixture.write_trained_rows(config.output_dir, list(tasks.entries), sampler, state.epoch,
+                                   state.samples_in_epoch, accelerator.print)
     return run.model, run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
 
 
-def evaluate(accelerator, config, entry, task, model, tokenizer, start_id, decoding):
+def evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings):
     """--do_train false: the model's metrics on the eval splits, logged and written to eval_results.json."""
     model, eval_loaders = runtime.prepare_inference(
-        accelerator, model, data.ordered_loaders(task.evals, config, tokenizer, start_id))
+        accelerator, model, data.ordered_loaders(multitask.eval_splits(tasks), config, tokenizer, start_id))
     checkpoint.start_output_dir(accelerator, config.output_dir, resuming=False)
     runtime.init_trackers(accelerator, config, config.project_name)
     model.eval()
-    results = make_evaluator(accelerator, config, entry, task, eval_loaders, tokenizer, decoding)(model)
+    results = multitask.make_evaluator(accelerator, config, tasks, eval_loaders, tokenizer, decodings)(model)
     accelerator.log({f"eval/{key}": value for key, value in results.items()}, step=0)
     return model, {"eval": run_dir.write_eval_results(accelerator, config.output_dir, results)}
 
 
-def make_evaluator(accelerator, config, entry, task, eval_loaders, tokenizer, decoding):
-    """The eval splits' evaluator, alike in both paths (evaluation.make_generation_evaluator)."""
-    return evaluation.make_generation_evaluator(accelerator, entry, task, eval_loaders, tokenizer, config.output_dir,
-                                                decoding, config.max_target_length, config.rouge_use_stemmer)
-
-
-def predict(accelerator, config, entry, task, tests, model, tokenizer, start_id, decoding) -> dict:
-    """--do_predict: every test row decoded as the eval rows are, written as the leaderboard's files."""
-    loaders = runtime.prepare_loaders(accelerator, data.ordered_loaders(tests, config, tokenizer, start_id))
-    predictions = evaluation.make_test_predictor(accelerator, entry, tests, loaders, tokenizer, config.output_dir,
-                                                 decoding, config.max_target_length, task.max_target_tokens)(model)
-    written = {}
+def predict(accelerator, config, tasks, model, tokenizer, start_id, decodings) -> dict:
+    """--do_predict: every task's test rows decoded as its eval rows are, written as the leaderboard's files."""
+    written, paths = {}, []
+    for name, entry in tasks.entries.items():
+        tests, task = tasks.tests[name], tasks.data[name]
+        loaders = runtime.prepare_loaders(accelerator, data.ordered_loaders(tests, config, tokenizer, start_id))
+        predictions = evaluation.make_test_predictor(
+            accelerator, entry, tests, loaders, tokenizer, config.output_dir, decodings[name],
+            config.max_target_length, task.max_target_tokens, file_prefix=f"{name}_" if tasks.mixed else "")(model)
+        if accelerator.is_main_process:
+            files, more = submission.write_task_files(entry, tests, predictions, task.train_labels,
+                                                      config.output_dir, accelerator.print)
+            written.update(files)
+            paths += more
     if accelerator.is_main_process:
-        written = submission.write_submission(entry, tests, predictions, task.train_labels, config.output_dir,
-                                              accelerator.print)
+        written["zip"] = submission.finish_zip(config.output_dir, paths, accelerator.print)
     accelerator.wait_for_everyone()
     return written
 

@@ -225,14 +225,16 @@ class TaskData:
     train_labels: tuple = ()
 
 
-def build_task_data(entry: TaskEntry, config, tokenizer, log=print, *, train: bool = True) -> TaskData:
+def build_task_data(entry: TaskEntry, config, tokenizer, log=print, *, train: bool = True,
+                    data_dir: str | None = None) -> TaskData:
     """Loads, checks, formats and tokenizes the train and eval splits of `entry` for `config`.
 
     `config` supplies the data flags of fine_tune_t5.py (data_dir, train_file, validation_file,
-    max_source_length, max_target_length, max_train_samples, max_eval_samples, trust_remote_code).
+    max_source_length, max_target_length, max_train_samples, max_eval_samples, trust_remote_code);
+    `data_dir` stands for config.data_dir where given (a mixture's task folder).
     With `train` False the training split is read for its labels alone, not tokenized.
     """
-    raw = load_splits(entry, data_dir=config.data_dir, train_file=config.train_file,
+    raw = load_splits(entry, data_dir=data_dir or config.data_dir, train_file=config.train_file,
                       validation_file=config.validation_file, trust_remote_code=config.trust_remote_code)
     train_labels = tuple(column_values(raw[entry.train_split], entry.target)) if entry.train_split in raw else ()
     if not train:
@@ -283,7 +285,6 @@ def in_row_order(split, column: str) -> list:
 
 def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int, num_processes: int = 1):
     """The shuffled training loader and one ordered loader per eval split."""
-    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     train = model_columns(task.train)
     if config.group_by_length:
         # Encoder inputs dominate the cost (and the padding) of a text-to-text batch.
@@ -292,13 +293,19 @@ def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int
         sampler = LengthGroupedSampler(lengths, global_batch(batch_layout(config, num_processes)), config.seed)
     else:
         sampler = EpochShuffleSampler(len(train), config.seed)
-    workers = loader_workers(config)
-    train_loader = torch.utils.data.DataLoader(
-        train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=collate, **workers,
+    return (train_loader(train, sampler, config, tokenizer, decoder_start_token_id),
+            ordered_loaders(task.evals, config, tokenizer, decoder_start_token_id))
+
+
+def train_loader(train: datasets.Dataset, sampler, config, tokenizer, decoder_start_token_id: int):
+    """The training loader over `train`'s model columns in `sampler`'s order, --per_device_train_batch_size rows."""
+    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
+    return torch.utils.data.DataLoader(
+        train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=collate,
+        **loader_workers(config),
         # Its own generator: creating an iterator then draws from it, not from the global RNG.
         generator=torch.Generator().manual_seed(config.seed),
     )
-    return train_loader, ordered_loaders(task.evals, config, tokenizer, decoder_start_token_id)
 
 
 def ordered_loaders(splits: dict, config, tokenizer, decoder_start_token_id: int) -> dict:
@@ -309,9 +316,8 @@ def ordered_loaders(splits: dict, config, tokenizer, decoder_start_token_id: int
             for split, ds in splits.items()}
 
 
-def make_longest_batch(task: TaskData, tokenizer, decoder_start_token_id: int):
+def make_longest_batch(train: datasets.Dataset, tokenizer, decoder_start_token_id: int):
     """`n -> batch` of n rows as long as the longest training input and target: the costliest step."""
-    train = task.train
     source = max(train["input_ids"], key=len)
     target = max(train["labels"], key=len)
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())

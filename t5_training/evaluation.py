@@ -241,7 +241,7 @@ def write_predictions(path: str, sources, predictions, targets) -> None:
 
 def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, tokenizer, output_dir: str,
                               decoding: str = "generate", max_target_length: int = 512,
-                              rouge_use_stemmer: bool = False):
+                              rouge_use_stemmer: bool = False, file_prefix: str = ""):
     """`evaluate(model) -> {metric key: value}` for every eval split of a task, decoding greedily.
 
     `decoding` is 'generate' or 'score' (see `GreedyDecoder`; `resolve_decoding` picks it),
@@ -249,7 +249,8 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
 
     Keys follow `tasks.metric_key` ("accuracy", or "validation_matched/accuracy" when a task
     has several eval splits), plus the split's teacher-forced "loss". Each call also rewrites
-    `output_dir/predictions_<split>.tsv`. `rouge_use_stemmer` stems before ROUGE (T5 does not).
+    `output_dir/predictions_<file_prefix><split>.tsv` (a mixture's prefix is its task's name and "_").
+    `rouge_use_stemmer` stems before ROUGE (T5 does not).
     """
     score = make_scorer(entry, rouge_use_stemmer)
     # Reports list rows in their original order; the loaders see them sorted by length.
@@ -267,20 +268,21 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
                 results[metric_key(entry, split, name)] = value
             results[metric_key(entry, split, "loss")] = out.loss
             if accelerator.is_main_process:
-                write_predictions(os.path.join(output_dir, f"predictions_{split}.tsv"), sources, out.predictions,
-                                  targets)
+                write_predictions(os.path.join(output_dir, f"predictions_{file_prefix}{split}.tsv"), sources,
+                                  out.predictions, targets)
         return results
 
     return evaluate
 
 
 def make_test_predictor(accelerator, entry, tests: dict, loaders: dict, tokenizer, output_dir: str,
-                        decoding: str = "generate", max_target_length: int = 512, max_new_tokens: int = 8):
+                        decoding: str = "generate", max_target_length: int = 512, max_new_tokens: int = 8,
+                        file_prefix: str = ""):
     """`predict(model) -> {split: predicted texts in row order}` for unlabelled splits (submission.build_test_data).
 
     Decodes as `make_generation_evaluator` does, at most `max_new_tokens` (the eval references'
     longest) or, for classes, the longest label word: test rows have no reference to size by.
-    Each call rewrites `output_dir/predictions_<split>.tsv`, with an empty reference column.
+    Each call rewrites `output_dir/predictions_<file_prefix><split>.tsv`, with an empty reference column.
     """
     candidates = label_candidates(entry, tokenizer, max_target_length) if kind_of(entry).closed_label_set else None
     longest = max(max_new_tokens, 0 if candidates is None else candidates.size(1))
@@ -294,7 +296,7 @@ def make_test_predictor(accelerator, entry, tests: dict, loaders: dict, tokenize
             predictions[split] = decode_split(accelerator, model, loader, tokenizer, len(sources[split]),
                                               decoder).predictions
             if accelerator.is_main_process:
-                write_predictions(os.path.join(output_dir, f"predictions_{split}.tsv"), sources[split],
+                write_predictions(os.path.join(output_dir, f"predictions_{file_prefix}{split}.tsv"), sources[split],
                                   predictions[split], [""] * len(sources[split]))
         return predictions
 

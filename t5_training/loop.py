@@ -48,6 +48,8 @@ class TrainState:
     samples_in_epoch: int = 0
     # The per-device batch, accumulation and processes of the run that saved (resume.batch_layout).
     batch_layout: dict = field(default_factory=dict)
+    # What a mixture draws from (mixture.describe): a resumed run must draw from the same.
+    mixture: dict = field(default_factory=dict)
     samples_seen: int = 0
     tokens_seen: int = 0
     train_seconds: float = 0.0

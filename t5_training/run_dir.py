@@ -27,17 +27,20 @@ RESULTS_FILES = {"train": "train_results.json", "eval": "eval_results.json"}
 
 # --- writing -------------------------------------------------------------------------------------
 
-def resume(accelerator, config, path: str | None, state, scheduler, *, streaming: bool = False):
+def resume(accelerator, config, path: str | None, state, scheduler, *, streaming: bool = False, check=None):
     """Loads checkpoint `path` (if any) into `state` and the scheduler, then opens the output folder.
 
     Loading comes before the folder is touched: a checkpoint refused here leaves no trace. Each
     process reads its own RNG file, so a damaged one fails on that process alone, and all agree.
-    `streaming` runs refuse another number of processes (resume.continue_with_layout).
+    `streaming` runs refuse another number of processes (resume.continue_with_layout); `check(state,
+    path)` refuses whatever else the caller knows cannot continue (a mixture that changed).
     """
     if path:
         agreement.on_every_process(accelerator, lambda: checkpoint.load_checkpoint(
             accelerator, path, state, scheduler, trainable_only=adapters.in_use(config)))
         layouts.continue_with_layout(accelerator, config, state, path, streaming=streaming)
+        if check:
+            check(state, path)
         accelerator.print(f"resumed from {path} at step {state.step}")
     checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(path))
     return state

@@ -17,9 +17,10 @@ import torch
 MEGABATCH_BATCHES = 50
 
 
-def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
+def epoch_generator(seed: int, epoch: int, *stream: int) -> torch.Generator:
+    """A generator for one epoch's draws; `stream` numbers further independent streams (a mixture's tasks)."""
     # Mix seed and epoch so that seed 43 at epoch 0 is not seed 42 at epoch 1.
-    mixed = np.random.SeedSequence([seed, epoch]).generate_state(1)[0]
+    mixed = np.random.SeedSequence([seed, epoch, *stream]).generate_state(1)[0]
     return torch.Generator().manual_seed(int(mixed))
 
 
@@ -38,7 +39,7 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
         return self.length
 
     def __iter__(self) -> Iterator[int]:
-        return iter(torch.randperm(self.length, generator=_epoch_generator(self.seed, self.epoch)).tolist())
+        return iter(torch.randperm(self.length, generator=epoch_generator(self.seed, self.epoch)).tolist())
 
 
 class LengthGroupedSampler(EpochShuffleSampler):
@@ -62,17 +63,24 @@ class LengthGroupedSampler(EpochShuffleSampler):
         self.batch_size = batch_size
 
     def __iter__(self) -> Iterator[int]:
-        generator = _epoch_generator(self.seed, self.epoch)
+        generator = epoch_generator(self.seed, self.epoch)
         order = torch.randperm(self.length, generator=generator)
-        window = self.batch_size * MEGABATCH_BATCHES
-        out = []
-        for start in range(0, self.length, window):
-            rows = order[start:start + window]
-            # A stable sort, so equal lengths keep the shuffled order.
-            rows = rows[torch.sort(self.lengths[rows], descending=True, stable=True).indices]
-            batches = list(torch.split(rows, self.batch_size))
-            # The window's short last batch stays last, so batches elsewhere remain full.
-            full = batches[:-1] if len(batches[-1]) < self.batch_size else batches
-            shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
-            out.extend(shuffled + batches[len(full):])
-        return iter(torch.cat(out).tolist() if out else [])
+        return iter(group_by_length(order, self.lengths, self.batch_size, generator))
+
+
+def group_by_length(order: torch.Tensor, lengths: torch.Tensor, batch_size: int,
+                    generator: torch.Generator) -> list[int]:
+    """`order` (row ids) regrouped as LengthGroupedSampler describes: windows of MEGABATCH_BATCHES batches
+    of `batch_size` rows, each sorted by `lengths[row]`, longest first, its full batches shuffled."""
+    window = batch_size * MEGABATCH_BATCHES
+    out = []
+    for start in range(0, len(order), window):
+        rows = order[start:start + window]
+        # A stable sort, so equal lengths keep the shuffled order.
+        rows = rows[torch.sort(lengths[rows], descending=True, stable=True).indices]
+        batches = list(torch.split(rows, batch_size))
+        # The window's short last batch stays last, so batches elsewhere remain full.
+        full = batches[:-1] if len(batches[-1]) < batch_size else batches
+        shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
+        out.extend(shuffled + batches[len(full):])
+    return torch.cat(out).tolist() if out else []

@@ -84,16 +84,18 @@ def _read_test_split(entry: TaskEntry, test: TestSplit, data_dir: str | None,
     return ds.rename_column(HUB_INDEX, INDEX) if HUB_INDEX in ds.column_names else ds
 
 
-def build_test_data(entry: TaskEntry, config, tokenizer, log=print) -> dict[str, datasets.Dataset]:
+def build_test_data(entry: TaskEntry, config, tokenizer, log=print, *,
+                    data_dir: str | None = None) -> dict[str, datasets.Dataset]:
     """Every row of every test split, tokenized and ordered for decoding as the eval splits are.
 
     Each split keeps `idx` (its row number, see data.ordered_for_decoding), `index` (the test
     file's, as text) and its source text. --max_eval_samples does not apply: a submission has
-    every test row. `config` supplies data_dir, trust_remote_code and the two length limits.
+    every test row. `config` supplies data_dir (unless `data_dir` is given: a mixture's task folder),
+    trust_remote_code and the two length limits.
     """
     tests = {}
-    for name, ds in load_test_splits(entry, data_dir=config.data_dir, trust_remote_code=config.trust_remote_code,
-                                     log=log).items():
+    for name, ds in load_test_splits(entry, data_dir=data_dir or config.data_dir,
+                                     trust_remote_code=config.trust_remote_code, log=log).items():
         result = data.tokenize_split(ds, entry, tokenizer, config.max_source_length, config.max_target_length)
         log(f"{name}: {len(ds)} rows; truncated: {result.truncated_sources} inputs to {config.max_source_length} "
             "tokens")
@@ -170,6 +172,16 @@ def write_submission(entry: TaskEntry, tests: dict[str, datasets.Dataset], predi
 
     Returns {file name: {"rows": ..., "unmapped": ...}, "zip": path of the zip}.
     """
+    written, paths = write_task_files(entry, tests, predictions, train_labels, output_dir, log)
+    return {**written, "zip": finish_zip(output_dir, paths, log)}
+
+
+def write_task_files(entry: TaskEntry, tests: dict[str, datasets.Dataset], predictions: dict[str, list[str]],
+                     train_labels: Sequence, output_dir: str, log=print) -> tuple[dict, list[str]]:
+    """A task's leaderboard files in output_dir/submission/, a line printed per file.
+
+    Returns ({file name: {"rows": ..., "unmapped": ...}}, the files' paths) for `finish_zip`.
+    """
     folder = os.path.join(output_dir, SUBMISSION_DIR)
     written, paths = {}, []
     default = written_form(entry, fallback(entry, train_labels))
@@ -183,6 +195,11 @@ def write_submission(entry: TaskEntry, tests: dict[str, datasets.Dataset], predi
             f"{default}, {why}")
         written[test.file] = {"rows": len(indices), "unmapped": unmapped}
         paths.append(path)
-    written["zip"] = write_zip(os.path.join(output_dir, ZIP_NAME), paths)
-    log(f"{written['zip']}: {', '.join(os.path.basename(p) for p in paths)}")
-    return written
+    return written, paths
+
+
+def finish_zip(output_dir: str, paths: Sequence[str], log=print) -> str:
+    """output_dir/submission.zip holding `paths` (every task's files); prints what it holds."""
+    path = write_zip(os.path.join(output_dir, ZIP_NAME), paths)
+    log(f"{path}: {', '.join(os.path.basename(p) for p in paths)}")
+    return path

@@ -111,6 +111,18 @@ class BadInputTest(parameterized.TestCase):
          "step-000004 is incomplete or damaged", "pass an earlier checkpoint or 'auto'"),
         ("damaged_checkpoint", FINE_TUNE, ["--resume_from_checkpoint", "{out}/step-000002"],
          "step-000002 could not be loaded", "pass an earlier checkpoint"),
+        ("mixture_unknown_task", FINE_TUNE, ["--dataset_name", "sst2,colaa", "--data_dir", fixtures.SHARED_DATA],
+         "unknown task 'colaa' in --dataset_name 'sst2,colaa'", "known: cola, sst2"),
+        # The shared data holds four of GLUE's nine task folders: the other five are named.
+        ("mixture_missing_folder", FINE_TUNE, ["--dataset_name", "all", "--data_dir", fixtures.SHARED_DATA],
+         "has no folder for qqp (QQP/), mnli (MNLI/), qnli (QNLI/), rte (RTE/), wnli (WNLI/)",
+         "leave those tasks out of --dataset_name"),
+        ("mixture_temperature_not_positive", FINE_TUNE, ["--dataset_name", "sst2,cola", "--data_dir",
+                                                         fixtures.SHARED_DATA, "--mixing", "temperature",
+                                                         "--mixing_temperature", "0"],
+         "--mixing_temperature must be positive, got 0.0", "T5 used 2, 8 and 256"),
+        ("mixture_flags_with_one_task", FINE_TUNE, ["--mixing_cap", "100"],
+         "--mixing_cap mixes several tasks, and --dataset_name names one (sst2)", "drop the mixture flags"),
     )
     def test_one_line_exit_2_nothing_changed(self, script, flags, problem, fix):
         with tempfile.TemporaryDirectory() as root:

@@ -1,7 +1,8 @@
 """Exact resume after SIGKILL: a run killed anywhere and resumed with `auto` equals a run never killed.
 
 Bitwise on CPU: the per-step losses (every step, the resumed ones included), the final weights
-and the evaluation results. Both scripts, the pretraining corpus packed in memory and streamed.
+and the evaluation results. Both scripts, the pretraining corpus packed in memory and streamed, and
+a fine-tuning mixture of three GLUE tasks.
 Kill points cover mid-accumulation, mid-evaluation and mid-save; `benchmarks/random_kills.py`
 runs ten random ones per script.
 """
@@ -11,6 +12,7 @@ import os
 
 from absl.testing import absltest, parameterized
 
+from t5_training import mixture
 from tests import fixtures, kill_harness
 
 
@@ -41,6 +43,24 @@ class AdapterKillResumeTest(_KillResumeCase):
         # from the starting model again (--config_name with the same seed here).
         self._check(kill_harness.fine_tune_scenario("--peft", "lora", "--lora_dropout", "0.1"),
                     ["micro:7:1"])
+
+
+class MixtureKillResumeTest(_KillResumeCase):
+
+    def test_fine_tune_on_a_mixture(self):
+        # The mixture's position is the loop's data position: a resumed run draws the same rows of
+        # the same tasks, so its losses, weights and per-task evaluations are bitwise the same, and
+        # so is the list of rows it trained on.
+        scenario = kill_harness.fine_tune_scenario(
+            "--dataset_name", "sst2,cola,stsb", "--data_dir", fixtures.SHARED_DATA, "--mixing", "temperature",
+            "--mixing_temperature", "2", "--group_by_length")
+        self._check(scenario, ["micro:7:1", "eval:8"])
+        with open(os.path.join(self.dir, "reference", mixture.ROWS_FILE), encoding="utf-8") as f:
+            reference = f.read()
+        self.assertLen(reference.splitlines(), 1 + 12 * 2 * 4)
+        for point in ("micro_7_1", "eval_8"):
+            with open(os.path.join(self.dir, point, mixture.ROWS_FILE), encoding="utf-8") as f:
+                self.assertEqual(f.read(), reference, point)
 
 
 class PreTrainKillResumeTest(_KillResumeCase):

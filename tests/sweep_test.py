@@ -23,7 +23,7 @@ from absl.testing.absltest import mock
 
 import fine_tune_t5
 from constants import DATASET_VALS
-from t5_training import checkpoint, tasks
+from t5_training import checkpoint, mixture, tasks
 from t5_training.config import parse_config
 from t5_training.errors import EXIT_USAGE, run_cli
 from t5_training.tools.sweep import cli, command, engine, schema
@@ -37,8 +37,8 @@ if sweeps is None:
 SWEEPS_DIR = os.path.join(fixtures.REPO, "sweeps")
 GLUE = DATASET_VALS["glue"]
 FLAGS = {field.name for field in dataclasses.fields(fine_tune_t5.FineTuneConfig)}
-# Every shipped sweep and its GLUE task: one per task, and the adapter sweeps.
-SHIPPED = {**{f"glue_{task}.yaml": task for task in GLUE}, "lora_sst2.yaml": "sst2"}
+# Every shipped sweep and its GLUE task: one per task, the adapter sweeps, and the mixture of all tasks.
+SHIPPED = {**{f"glue_{task}.yaml": task for task in GLUE}, "lora_sst2.yaml": "sst2", "glue_mixture.yaml": "all"}
 
 
 def load(path: str) -> dict:
@@ -46,10 +46,21 @@ def load(path: str) -> dict:
         return yaml.safe_load(f)
 
 
-def logged_eval_keys(entry) -> set[str]:
-    """The eval/ keys fine_tune_t5.py logs for a task: each split's metrics and loss."""
-    return {f"eval/{tasks.metric_key(entry, split, name)}" for split in entry.eval_splits
+def logged_eval_keys(entry, prefix: str = "") -> set[str]:
+    """The eval/ keys fine_tune_t5.py logs for a task (`prefix`: "<task>/" in a mixture): its metrics and loss."""
+    return {f"eval/{prefix}{tasks.metric_key(entry, split, name)}" for split in entry.eval_splits
             for name in (*entry.metrics, "loss")}
+
+
+def objective(task: str) -> tuple[dict, set[str]]:
+    """A sweep's expected `metric:` for its --dataset_name, and every eval/ key such a run logs."""
+    if task in GLUE:
+        entry = GLUE[task]
+        return ({"name": f"eval/{entry.metric_to_optimize}", "goal": "maximize" if entry.greater_is_better
+                 else "minimize"}, logged_eval_keys(entry))
+    names = mixture.task_names(GLUE, task)
+    keys = {"eval/glue_score"}.union(*(logged_eval_keys(GLUE[name], f"{name}/") for name in names))
+    return {"name": "eval/glue_score", "goal": "maximize"}, keys
 
 
 class ShippedSweepsTest(parameterized.TestCase):
@@ -72,10 +83,9 @@ class ShippedSweepsTest(parameterized.TestCase):
                                   schema.searched(sweep))
         self.assertEqual(params["learning_rate"]["distribution"], "log_uniform_values")
 
-        entry = GLUE[task]
-        self.assertEqual(sweep["metric"], {"name": f"eval/{entry.metric_to_optimize}",
-                                           "goal": "maximize" if entry.greater_is_better else "minimize"})
-        self.assertIn(sweep["metric"]["name"], logged_eval_keys(entry))
+        metric, logged = objective(task)
+        self.assertEqual(sweep["metric"], metric)
+        self.assertIn(sweep["metric"]["name"], logged)
 
         # List form with accelerate launch: one string would be run as one program name (wandb#4135).
         self.assertEqual(sweep["command"][:4], ["accelerate", "launch", "${program}", "${args}"])
@@ -109,11 +119,11 @@ class ShippedSweepsTest(parameterized.TestCase):
         self.assertEqual((agent.dataset_name, agent.report_to), (task, "wandb"))
         self.assertIs(type(trial["params"]["learning_rate"]), float)  # not np.float64
         self.assertEqual(agent.learning_rate, trial["params"]["learning_rate"])
-        # Every value a categorical parameter may take is accepted by the script.
+        # Every value a categorical parameter may take is accepted by the script, for the sweep's task(s).
         for name in schema.searched(sweep):
             for value in sweep["parameters"][name].get("values", []):
-                self.assertEqual(getattr(parse_config(fine_tune_t5.FineTuneConfig, [f"--{name}={value}"]), name),
-                                 value)
+                flags = [f"--dataset_name={task}", f"--{name}={value}"]
+                self.assertEqual(getattr(parse_config(fine_tune_t5.FineTuneConfig, flags), name), value)
 
 
 class SearchTest(parameterized.TestCase):

@@ -1,0 +1,214 @@
+"""Mixing rates (T5 §3.5.2), the mixture's sampler, its shards, and the trained-rows file, on hand-computed cases."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+
+import torch
+from absl.testing import absltest, parameterized
+from accelerate.data_loader import prepare_data_loader
+
+from constants import GLUE
+from t5_training import mixture
+from t5_training.errors import UsageError
+
+# T5's GLUE mixture weights (t5/data/glue_utils.py, get_glue_weight_mapping): the training split sizes.
+GLUE_TRAIN_ROWS = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "qqp": 363849, "stsb": 5749, "mnli": 392702,
+                   "qnli": 104743, "rte": 2490, "wnli": 635}
+
+
+class RatesTest(parameterized.TestCase):
+
+    def test_examples_proportional_is_the_share_of_training_rows(self):
+        rates = mixture.mixing_rates({"a": 100, "b": 300, "c": 600}, "examples_proportional")
+        self.assertEqual(rates, {"a": 0.1, "b": 0.3, "c": 0.6})
+
+    def test_the_cap_limits_each_size(self):
+        rates = mixture.mixing_rates({"a": 100, "b": 300, "c": 600}, "examples_proportional", cap=200)
+        self.assertEqual(rates, {"a": 0.2, "b": 0.4, "c": 0.4})
+
+    def test_the_cap_comes_before_the_temperature(self):
+        # min(n, K) ** (1/T), as seqio.mixing_rate_num_examples: 100, 400 -> (100, 400) -> (10, 20). The
+        # other order, min(n ** (1/T), K), would give (10, 30) for 900.
+        rates = mixture.mixing_rates({"a": 100, "b": 900}, "temperature", cap=400, temperature=2)
+        self.assertAlmostEqual(rates["a"], 10 / 30)
+        self.assertAlmostEqual(rates["b"], 20 / 30)
+
+    def test_temperature_flattens_towards_equal(self):
+        sizes = {"a": 16, "b": 256}
+        self.assertAlmostEqual(mixture.mixing_rates(sizes, "temperature", temperature=4)["a"], 2 / (2 + 4))
+        self.assertAlmostEqual(mixture.mixing_rates(sizes, "temperature", temperature=1)["a"], 16 / 272)
+
+    def test_equal_ignores_sizes(self):
+        self.assertEqual(mixture.mixing_rates({"a": 1, "b": 10, "c": 1000}, "equal"),
+                         {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+
+    def test_glue_at_t5s_limit(self):
+        # K = 2^16 caps QQP, MNLI, QNLI and SST-2 at 65,536; the rest keep their sizes.
+        rates = mixture.mixing_rates(GLUE_TRAIN_ROWS, "examples_proportional", cap=2 ** 16)
+        total = 4 * 65536 + 8551 + 3668 + 5749 + 2490 + 635
+        self.assertAlmostEqual(rates["mnli"], 65536 / total)
+        self.assertAlmostEqual(rates["rte"], 2490 / total)
+        self.assertAlmostEqual(sum(rates.values()), 1.0)
+
+    def test_epoch_counts_split_rows_exactly(self):
+        self.assertEqual(mixture.epoch_counts([0.5, 0.25, 0.25], 8), [4, 2, 2])
+        # 10 x (1/3, 1/3, 1/3) = 3.33 each: the one row left goes to the first of the tied tasks, and
+        # the next epochs' to the others, so that no task falls behind its share.
+        self.assertEqual([mixture.epoch_counts([1 / 3] * 3, 10, e) for e in range(3)],
+                         [[4, 3, 3], [3, 4, 3], [3, 3, 4]])
+        rates = list(mixture.mixing_rates(GLUE_TRAIN_ROWS, "temperature", temperature=2).values())
+        totals = [0] * len(rates)
+        for epoch in range(50):
+            counts = mixture.epoch_counts(rates, 997, epoch)
+            self.assertEqual(sum(counts), 997)
+            totals = [t + c for t, c in zip(totals, counts)]
+            for rate, total in zip(rates, totals):
+                self.assertLess(abs(total - rate * 997 * (epoch + 1)), 1)
+
+
+def _sampler(sizes, rates, epoch_rows=960, seed=0, **kwargs):
+    return mixture.MixtureSampler(list(sizes), list(rates), epoch_rows, seed, **kwargs)
+
+
+class SamplerTest(parameterized.TestCase):
+
+    # Scaled-down GLUE sizes: from 635 rows to 39k, a 60-fold spread.
+    SIZES = {name: max(rows // 10, 60) for name, rows in GLUE_TRAIN_ROWS.items()}
+
+    @parameterized.named_parameters(
+        ("examples_proportional", "examples_proportional", None, None),
+        ("proportional_capped", "examples_proportional", 2000, None),
+        ("temperature", "temperature", 3000, 2.0),
+        ("equal", "equal", None, None),
+    )
+    def test_realised_rates_within_one_percent_of_configured(self, mode, cap, temperature):
+        rates = mixture.mixing_rates(self.SIZES, mode, cap, temperature)
+        sampler = _sampler(self.SIZES.values(), rates.values(), epoch_rows=20000, seed=5)
+        # 240,000 rows, 12 whole epochs: even the smallest share (WNLI's) is drawn over 150 times.
+        tasks, _ = sampler.task_rows(sampler.trained(12, 0))
+        counts = torch.bincount(tasks, minlength=len(rates))
+        for (name, rate), count in zip(rates.items(), counts.tolist()):
+            realised = count / 240000
+            self.assertLess(abs(realised - rate), 0.01 * rate, f"{name}: {realised:.5f} vs {rate:.5f}")
+
+    def test_an_order_is_a_function_of_seed_and_epoch(self):
+        a = _sampler([50, 70], [0.3, 0.7], seed=1)
+        b = _sampler([50, 70], [0.3, 0.7], seed=1)
+        b.order(3)  # what b drew before does not matter
+        self.assertTrue(torch.equal(a.order(2), b.order(2)))
+        self.assertFalse(torch.equal(a.order(2), a.order(3)))
+        self.assertFalse(torch.equal(a.order(2), _sampler([50, 70], [0.3, 0.7], seed=2).order(2)))
+        a.set_epoch(4)
+        self.assertEqual(list(a), a.order(4).tolist())
+
+    def test_global_rng_untouched(self):
+        torch.manual_seed(0)
+        expected = torch.rand(3)
+        torch.manual_seed(0)
+        list(_sampler([50, 70], [0.3, 0.7], lengths=list(range(120)), batch_size=8))
+        self.assertTrue(torch.equal(torch.rand(3), expected))
+
+    def test_a_task_repeats_no_row_before_it_has_used_them_all(self):
+        # Task 0 has 50 rows and takes 0.7 x 960 = 672 draws an epoch: 13 whole passes and 22 rows.
+        sampler = _sampler([50, 70], [0.7, 0.3])
+        tasks, rows = sampler.task_rows(sampler.order(0))
+        mine = rows[tasks == 0]
+        self.assertLen(mine, 672)
+        for start in range(0, 650, 50):
+            self.assertEqual(sorted(mine[start:start + 50].tolist()), list(range(50)))
+        self.assertLen(set(mine[650:].tolist()), 22)
+        # Indices are the tasks' rows laid end to end: task 1 starts at 50.
+        order = sampler.order(0)
+        self.assertTrue(torch.equal(order[tasks == 1] - 50, rows[tasks == 1]))
+
+    def test_group_by_length_keeps_the_epochs_rows_and_pads_less(self):
+        sizes, rates = [300, 200], [0.5, 0.5]
+        lengths = [(i * 37) % 61 + 1 for i in range(500)]
+        plain = _sampler(sizes, rates, epoch_rows=480, seed=3)
+        grouped = _sampler(sizes, rates, epoch_rows=480, seed=3, lengths=lengths, batch_size=16)
+        for epoch in (0, 1):
+            self.assertEqual(sorted(grouped.order(epoch).tolist()), sorted(plain.order(epoch).tolist()))
+
+        def padded(order):
+            widths = [max(lengths[i] for i in order[k:k + 16]) for k in range(0, len(order), 16)]
+            return 16 * sum(widths)
+
+        self.assertLess(padded(grouped.order(0).tolist()), 0.7 * padded(plain.order(0).tolist()))
+
+    def test_two_processes_share_each_global_batch_without_a_row_twice(self):
+        # accelerate deals a prepared loader's batches to the processes, as fine_tune_t5.py runs it.
+        sampler = _sampler([90, 40, 200], [0.5, 0.2, 0.3], epoch_rows=96, seed=4)
+        rows = list(range(330))
+        seen = []
+        for rank in (0, 1):
+            loader = torch.utils.data.DataLoader(rows, batch_size=4, sampler=sampler)
+            shard = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False,
+                                        use_seedable_sampler=False)
+            shard.set_epoch(1)
+            seen.append([i for batch in shard for i in batch.tolist()])
+        self.assertLen(seen[0], 48)
+        self.assertLen(seen[1], 48)
+        # Each micro-batch of 8 rows: the first 4 to process 0, the next 4 to process 1.
+        # So every position of the epoch's order went to exactly one process (a row recurs only where
+        # the mixture drew it twice).
+        interleaved = [row for b in range(12) for row in seen[0][4 * b:4 * b + 4] + seen[1][4 * b:4 * b + 4]]
+        self.assertEqual(interleaved, sampler.order(1).tolist())
+
+
+class TrainedRowsTest(absltest.TestCase):
+
+    def test_rows_file_lists_every_row_trained_and_the_rates(self):
+        sampler = _sampler([30, 10], [0.75, 0.25], epoch_rows=40, seed=2)
+        with tempfile.TemporaryDirectory() as out:
+            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 1, 16, log=lambda *_: None)
+            with open(os.path.join(out, mixture.ROWS_FILE), encoding="utf-8") as f:
+                rows = list(csv.reader(f, delimiter="\t"))
+            with open(os.path.join(out, mixture.RATES_FILE), encoding="utf-8") as f:
+                self.assertEqual(json.load(f), summary)
+        self.assertEqual(rows[0], ["position", "task", "row"])
+        self.assertLen(rows, 1 + 56)
+        expected = torch.cat([sampler.order(0), sampler.order(1)[:16]]).tolist()
+        names = ["big", "small"]
+        self.assertEqual([(names[0] if i < 30 else names[1], i if i < 30 else i - 30) for i in expected],
+                         [(task, int(row)) for _, task, row in rows[1:]])
+        # A whole epoch holds exactly 30 and 10; the 16 rows of the next split 12 and 4 or near it.
+        self.assertEqual(summary["big"]["rows_trained"] + summary["small"]["rows_trained"], 56)
+        self.assertEqual(summary["big"]["configured_rate"], 0.75)
+        self.assertEqual(summary["small"]["distinct_rows"], 10)
+
+
+class FlagsTest(parameterized.TestCase):
+
+    def test_task_names(self):
+        self.assertEqual(mixture.task_names(GLUE, "all"), tuple(GLUE))
+        self.assertEqual(mixture.task_names(GLUE, "cola, sst2,mrpc"), ("cola", "sst2", "mrpc"))
+        self.assertEqual(mixture.task_names(GLUE, "sst2"), ("sst2",))
+        with self.assertRaisesRegex(UsageError, "unknown task 'sts' in --dataset_name 'cola,sts'"):
+            mixture.task_names(GLUE, "cola,sts")
+        with self.assertRaisesRegex(UsageError, "names cola twice"):
+            mixture.task_names(GLUE, "cola,sst2,cola")
+
+    @parameterized.named_parameters(
+        ("flags_with_one_task", ["sst2"], {"mixing": "equal"}, "--mixing mixes several tasks"),
+        ("temperature_not_positive", ["a", "b"], {"mixing": "temperature", "mixing_temperature": -1.0},
+         "must be positive"),
+        ("temperature_without_t", ["a", "b"], {"mixing": "temperature"}, "needs --mixing_temperature"),
+        ("t_without_temperature", ["a", "b"], {"mixing_temperature": 2.0}, "applies to --mixing temperature"),
+        ("cap_below_one", ["a", "b"], {"mixing_cap": 0}, "at least 1"),
+        ("cap_with_equal", ["a", "b"], {"mixing": "equal", "mixing_cap": 10}, "uses no size"),
+    )
+    def test_misused_flags_are_one_line(self, names, flags, message):
+        with self.assertRaisesRegex(UsageError, message):
+            mixture.MixtureConfig(**flags).check_mixture_flags(names)
+
+    def test_good_flags_pass(self):
+        mixture.MixtureConfig().check_mixture_flags(["sst2"])
+        mixture.MixtureConfig(mixing="temperature", mixing_temperature=2.0, mixing_cap=100).check_mixture_flags(
+            ["a", "b"])
+
+
+if __name__ == "__main__":
+    absltest.main()
