@@ -3,7 +3,8 @@
 `trace` runs T5ForConditionalGeneration's forward symbolically, op by op as transformers'
 modeling_t5.py (default SDPA attention) and the project's fp32 cross entropy run it, and records
 for each autograd node the storages it saves (deduplicated by storage) and the gradients that
-exist while backward runs it. `activation_profile` walks the nodes in backward order.
+exist while backward runs it, on `autograd_tape.Tape`, whose `activation_profile` walks the nodes
+in backward order.
 `t5_training.tools.memory` turns that into the activations term of its estimate, and
 `tests/memory_test.py` checks the saved bytes against what autograd really saves.
 
@@ -35,134 +36,11 @@ stay, and one layer's tensors exist again while backward recomputes it.
 """
 from __future__ import annotations
 
-import collections
-import itertools
 import re
-from dataclasses import dataclass
-from typing import Sequence
 
 from t5_training.errors import UsageError
 from t5_training.tools import adapter_memory
-
-
-@dataclass(frozen=True)
-class _T:
-    """A tensor as memory sees it: its storage (key), elements, bytes per element, requires_grad."""
-
-    key: int
-    numel: int
-    itemsize: int
-    rg: bool
-
-
-class Tape:
-    """Runs T5's forward symbolically, op by op as modeling_t5.py and torch run it, recording for
-    each autograd node the storages it saves and the gradients that exist while backward runs it."""
-
-    def __init__(self, *, device: str, precision: str, pure16: bool, dropout: float, checkpointing: bool):
-        self.cpu, self.dropout_rate, self.checkpointing = device == "cpu", dropout, checkpointing
-        self.autocast = precision != "fp32" and not pure16  # fp32 weights, 16-bit matmuls
-        self.weight_bytes = 2 if pure16 else 4
-        self.clamp = pure16 and precision == "fp16"  # T5Block clamps fp16 hidden states
-        self.bytes: dict[int, int] = {}  # storage key -> bytes
-        self.nodes: list[tuple[int, list[int], int]] = []  # (stage, keys saved, gradient bytes), forward order
-        self.kept = collections.defaultdict(set)  # stage (a checkpointed layer) -> inputs kept for recompute
-        self.stage = 0
-        self._keys = itertools.count()
-
-    def new(self, numel: int, itemsize: int, rg: bool) -> _T:
-        t = _T(next(self._keys), numel, itemsize, rg)
-        self.bytes[t.key] = numel * itemsize
-        return t
-
-    def node(self, saves: Sequence[tuple[_T, bool]], grads: Sequence[_T]) -> None:
-        """One autograd node: the tensors it saves (each when its condition holds) and the gradients
-        alive while backward runs it: its output's and its inputs' (those that require grad)."""
-        keys = [t.key for t, when in saves if when and t.numel]
-        self.nodes.append((self.stage, keys, sum(t.numel * t.itemsize for t in grads if t.rg)))
-
-    def saved_by(self, stage: int | None = None) -> set[int]:
-        return {key for s, keys, _ in self.nodes if stage is None or s == stage for key in keys}
-
-    def cast(self, t: _T, itemsize: int) -> _T:
-        return t if t.itemsize == itemsize else self.new(t.numel, itemsize, t.rg)
-
-    def add(self, a: _T, b: _T) -> _T:  # saves nothing; the gradient passes through
-        return self.new(a.numel, max(a.itemsize, b.itemsize), a.rg or b.rg)
-
-    def mul(self, a: _T, b: _T) -> _T:  # each factor is saved for the other's gradient
-        out = self.add(a, b)
-        self.node([(a, b.rg), (b, a.rg)], [out, a, b])
-        return out
-
-    def linear(self, x: _T, n_in: int, n_out: int, trainable: bool) -> _T:
-        """nn.Linear(bias=False): the input for the weight's gradient; under autocast a 16-bit copy
-        of the input and, for the input's gradient, of the weight."""
-        x = self.cast(x, 2) if self.autocast else x
-        out = self.new(x.numel // n_in * n_out, x.itemsize, x.rg or trainable)
-        self.node([(x, trainable), (self.new(n_in * n_out, 2, False), self.autocast and x.rg)], [out, x])
-        return out
-
-    def layer_norm(self, x: _T, tokens: int, trainable: bool) -> _T:
-        """T5LayerNorm: fp32 variance (pow saves x); x * rsqrt(variance) saves both; weight * that
-        saves the normalized value for the weight's gradient."""
-        x32, rsqrt = self.cast(x, 4), self.new(tokens, 4, x.rg)
-        normed = self.cast(self.new(x.numel, 4, x.rg), self.weight_bytes)
-        out = self.new(x.numel, normed.itemsize, x.rg or trainable)
-        self.node([(x32, x.rg), (x, x.rg), (rsqrt, x.rg), (normed, trainable)], [out, x32])
-        return out
-
-    def dropout(self, x: _T, rate: float | None = None) -> _T:
-        """CPU dropout multiplies by a float mask of x's dtype; CUDA's fused kernel keeps a bool mask.
-        `rate` is the model's dropout unless given (LoRA's own)."""
-        if (self.dropout_rate if rate is None else rate) == 0:
-            return x  # F.dropout with p=0 returns its input
-        out = self.new(x.numel, x.itemsize, x.rg)
-        self.node([(self.new(x.numel, x.itemsize if self.cpu else 1, False), x.rg)], [out, x])
-        return out
-
-    def relu(self, x: _T) -> _T:
-        out = self.new(x.numel, x.itemsize, x.rg)
-        self.node([(out, x.rg)], [out, x])
-        return out
-
-    def gelu_new(self, x: _T) -> _T:
-        """0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))): saves x, tanh, 0.5x and (1 + tanh).
-        CUDA autocast runs pow in fp32, which carries the rest of the formula to fp32."""
-        wide = 4 if self.autocast and not self.cpu else x.itemsize
-        half, tanh, one_plus = (self.new(x.numel, size, x.rg) for size in (x.itemsize, wide, wide))
-        out = self.new(x.numel, wide, x.rg)
-        self.node([(self.cast(x, wide), x.rg), (tanh, x.rg), (half, x.rg), (one_plus, x.rg)], [out, x])
-        return out
-
-    def attention(self, q: _T, k: _T, v: _T, bias: _T, *, batch: int, heads: int, queries: int, keys: int) -> _T:
-        """scaled_dot_product_attention with T5's additive float mask (position bias, min where masked).
-
-        With dropout, or a mask that needs a gradient (the relative position bias being trained),
-        the CPU runs its math kernel in fp32: reshaped copies of q, k, v, the softmax output and,
-        with dropout, its mask and result (three L x L tensors). Otherwise (CPU flash attention,
-        and always on CUDA: memory-efficient attention) it keeps q, k, v, the mask, its output and
-        the log-sum-exp; nothing L x L but the mask (and its gradient, in backward).
-        """
-        rg = q.rg or k.rg or v.rg or bias.rg
-        mask_grad = self.new(batch * heads * queries * keys, bias.itemsize, bias.rg)
-        if self.cpu and (self.dropout_rate > 0 or bias.rg):
-            q32, k32, v32 = (self.new(t.numel, 4, t.rg) for t in (q, k, v))
-            scores = self.new(batch * heads * queries * keys, 4, q.rg or k.rg or bias.rg)
-            self.node([(q32, k.rg), (k32, q.rg)], [scores, q32, k32, mask_grad])  # q @ k^T + mask
-            probs = self.new(scores.numel, 4, scores.rg)
-            self.node([(probs, scores.rg)], [probs, scores])  # softmax
-            attn = self.dropout(probs)
-            out = self.new(q.numel, 4, rg)
-            self.node([(attn, v.rg), (v32, attn.rg)], [out, attn, v32])  # probs @ v
-            return self.new(q.numel, q.itemsize, rg)  # back to q's dtype, heads merged (a copy)
-        mask = self.cast(bias, q.itemsize)  # autocast casts the mask with q, k, v
-        if not self.cpu and keys % 16:
-            mask = self.new(mask.numel // keys * (-(-keys // 16) * 16), mask.itemsize, mask.rg)  # aligned copy
-        out = self.new(q.numel, q.itemsize, rg)  # laid out so that merging heads needs no copy
-        lse = self.new(batch * heads * (queries if self.cpu else -(-queries // 32) * 32), 4, False)
-        self.node([(t, rg) for t in (q, k, v, mask, out, lse)], [out, q, k, v, mask_grad])
-        return out
+from t5_training.tools.autograd_tape import Storage, Tape
 
 
 def trace(cfg, *, batch: int, source: int, target: int, trainable: dict[str, bool], device: str, precision: str,
@@ -201,7 +79,7 @@ class _Forward:
         self.tape.stage = len(self.stages)
         self.stages.append(name)
 
-    def embed(self, length: int, prompt: int = 0) -> _T:
+    def embed(self, length: int, prompt: int = 0) -> Storage:
         tape = self.tape
         tokens = self.batch * (length - prompt)
         # Gradient checkpointing makes the embedding output require grad (enable_input_require_grads).
@@ -211,21 +89,21 @@ class _Forward:
             out = adapter_memory.prompt(tape, out, batch=self.batch, tokens=prompt, d_model=self.d)
         return tape.dropout(out)
 
-    def linear(self, module: str, x: _T, n_in: int, n_out: int, trainable: bool) -> _T:
+    def linear(self, module: str, x: Storage, n_in: int, n_out: int, trainable: bool) -> Storage:
         return adapter_memory.linear(self.tape, self.adapters, module, x, n_in, n_out, trainable)
 
-    def relative_bias(self, length: int, trainable_bias: bool) -> _T:
+    def relative_bias(self, length: int, trainable_bias: bool) -> Storage:
         tape = self.tape
         values = tape.new(self.heads * length * length, tape.weight_bytes, trainable_bias)  # a permuted view
         tape.node([(tape.new(length * length, 8, False), trainable_bias)], [values])  # saves the buckets
         return values
 
-    def where(self, condition: _T, bias: _T, rows: int) -> _T:  # create_position_bias_mask, in every layer
+    def where(self, condition: Storage, bias: Storage, rows: int) -> Storage:  # create_position_bias_mask, in every layer
         out = self.tape.new(rows * bias.numel, bias.itemsize, bias.rg)
         self.tape.node([(condition, bias.rg)], [out, out])  # the bias's gradient before summing over the batch
         return out
 
-    def sublayer_output(self, x: _T, y: _T) -> _T:
+    def sublayer_output(self, x: Storage, y: Storage) -> Storage:
         tape = self.tape
         x = tape.add(x, tape.dropout(y))
         if tape.clamp:  # torch.clamp saves its input
@@ -234,8 +112,8 @@ class _Forward:
             x = out
         return x
 
-    def attention(self, module: str, x: _T, length: int, bias: _T, tr: bool, keys: _T | None = None,
-                  key_length: int = 0) -> _T:
+    def attention(self, module: str, x: Storage, length: int, bias: Storage, tr: bool, keys: Storage | None = None,
+                  key_length: int = 0) -> Storage:
         """Self-attention (keys None) or cross-attention over `keys`, with its output projection."""
         tape, d, inner = self.tape, self.d, self.inner
         h = tape.layer_norm(x, self.batch * length, tr)
@@ -245,7 +123,7 @@ class _Forward:
                            keys=key_length or length)
         return self.sublayer_output(x, self.linear(f"{module}.o", a, inner, d, tr))
 
-    def block(self, name: str, x: _T, length: int, bias: _T, tr: bool, cross: tuple[_T, _T] | None = None) -> _T:
+    def block(self, name: str, x: Storage, length: int, bias: Storage, tr: bool, cross: tuple[Storage, Storage] | None = None) -> Storage:
         """One T5Block; `name` is its module's, e.g. encoder.block.0 (adapters are found by name)."""
         tape, d, d_ff = self.tape, self.d, self.d_ff
         x = self.attention(f"{name}.layer.0.SelfAttention", x, length, bias, tr)
@@ -263,7 +141,7 @@ class _Forward:
         y = tape.cast(tape.dropout(y), tape.weight_bytes)  # .to(wo.weight.dtype)
         return self.sublayer_output(x, self.linear(f"{ff}.wo", y, d_ff, d, tr))
 
-    def encoder(self) -> _T:
+    def encoder(self) -> Storage:
         tape, batch, source, tr = self.tape, self.batch, self.source, self.trainable["encoder"]
         self.begin("encoder embedding")
         x = self.embed(source, prompt=self.prompt)
@@ -280,7 +158,7 @@ class _Forward:
         self.begin("encoder final norm")
         return tape.dropout(tape.layer_norm(x, batch * source, tr))
 
-    def decoder(self, encoded: _T) -> _T:
+    def decoder(self, encoded: Storage) -> Storage:
         tape, batch, source, target, tr = self.tape, self.batch, self.source, self.target, self.trainable["decoder"]
         self.begin("decoder embedding")
         y = self.embed(target)
@@ -299,7 +177,7 @@ class _Forward:
         self.begin("decoder final norm")
         return tape.dropout(tape.layer_norm(y, batch * target, tr))
 
-    def head_and_loss(self, y: _T) -> None:
+    def head_and_loss(self, y: Storage) -> None:
         tape = self.tape
         self.begin("lm head and loss")
         if getattr(self.cfg, "scale_decoder_outputs", self.cfg.tie_word_embeddings):
@@ -311,35 +189,6 @@ class _Forward:
         log_probs = tape.new(logits.numel, 4, logits.rg)
         tape.node([(log_probs, logits.rg)], [log_probs, logits32])  # log_softmax saves its output
         tape.node([(tape.new(self.batch * self.target, 8, False), logits.rg)], [log_probs])  # nll_loss saves labels
-
-
-def activation_profile(tape: Tape, stages: list[str]) -> list[tuple[int, int]]:
-    """For each autograd node, in forward order: (its stage, the bytes of activations alive while
-    backward runs it plus the gradients it needs meanwhile). Backward runs the nodes in reverse and
-    frees a saved tensor once it has run the first node that saved it. With checkpointing, a layer
-    keeps only its inputs, and its own tensors exist again while backward is inside it."""
-    blocks = {s for s, name in enumerate(stages) if " layer " in name}
-    checkpointed = tape.checkpointing and bool(blocks)
-    profile = []
-    alive: set[int] = set()  # saved outside checkpointed layers, by this node or an earlier one
-    alive_bytes = 0
-    kept: set[int] = set()  # inputs of the checkpointed layers so far
-    layer: set[int] = set()  # saved by the checkpointed layer of this node, up to this node
-    for i, (stage, keys, grads) in enumerate(tape.nodes):
-        if checkpointed and stage in blocks:
-            if i == 0 or tape.nodes[i - 1][0] != stage:
-                layer = set()
-                kept |= tape.kept[stage]
-            layer.update(keys)
-        else:
-            layer = set()
-            for key in keys:
-                if key not in alive:
-                    alive.add(key)
-                    alive_bytes += tape.bytes[key]
-        extra = ((kept | layer) - alive) if checkpointed else ()
-        profile.append((stage, alive_bytes + sum(tape.bytes[k] for k in extra) + grads))
-    return profile
 
 
 def gradient_stage(name: str, stages: list[str], tied: bool) -> int:

@@ -45,7 +45,7 @@ from typing import Literal, Sequence
 import torch
 
 from t5_training import adapters
-from t5_training.tools import activation_memory, adapter_memory
+from t5_training.tools import activation_memory, adapter_memory, autograd_tape
 from t5_training.adafactor import factored_dims
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
@@ -226,13 +226,8 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
     if pure16:
         step_temporaries += 4 * shard(n_learn, 1)  # the fp32 gradient partition
 
-    # A stage's gradients appear as backward enters it (the stage of a parameter's last use).
-    grads_from = [0] * (len(stages) + 1)
-    for name in learn:
-        grads_from[stage_of[name]] += math.prod(shapes[name]) * weight_bytes
-    for s in reversed(range(len(stages))):
-        grads_from[s] += grads_from[s + 1]
-    profile = activation_memory.activation_profile(tape, stages)
+    grads_from = _gradients_alive(len(stages), {name: shapes[name] for name in learn}, stage_of, weight_bytes)
+    profile = autograd_tape.activation_profile(tape, stages)
     backward = [(activations + shard(grads_from[s], 2) + grad_extra, s) for s, activations in profile]
     peak, s = max(backward)
     step = gradients + step_temporaries
@@ -241,6 +236,18 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
         optimizer_state=optimizer_state, activations=max(activations for _, activations in profile),
         total=weights + optimizer_state + max(peak, step),
         peak_at=f"backward, {stages[s]}" if peak >= step else "optimizer step")
+
+
+def _gradients_alive(n_stages: int, learned: dict[str, Sequence[int]], stage_of: dict[str, int],
+                     weight_bytes: int) -> list[int]:
+    """Bytes of parameter gradients that exist while backward runs each stage: a stage's gradients
+    appear as backward enters it (the stage of a parameter's last use) and stay to the step."""
+    grads_from = [0] * (n_stages + 1)
+    for name, shape in learned.items():
+        grads_from[stage_of[name]] += math.prod(shape) * weight_bytes
+    for s in reversed(range(n_stages)):
+        grads_from[s] += grads_from[s + 1]
+    return grads_from
 
 
 # --- the command ---------------------------------------------------------------------------------
