@@ -16,10 +16,10 @@ import warnings
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import sacrebleu
-import scipy.stats
-import sklearn.metrics
-from rouge_score import rouge_scorer, scoring
+
+# scikit-learn, scipy, sacrebleu and rouge_score are imported inside the metrics that use them:
+# together they add about 2 s to the start of every run (and every refused command line), and a
+# run needs one or two of them.
 
 
 def label_to_id(text: str, label_words: Sequence[str]) -> int:
@@ -72,6 +72,8 @@ def matthews_corrcoef(predictions, references) -> float:
         # A single class (e.g. a collapsed model) gives MCC 0.0 plus a
         # confusion-matrix-shape warning that is noise in an eval log.
         warnings.simplefilter("ignore", UserWarning)
+        import sklearn.metrics
+
         value = sklearn.metrics.matthews_corrcoef(list(references), list(predictions))
     return 100.0 * float(value)
 
@@ -83,11 +85,13 @@ def f1_with_invalid(predictions, references) -> float:
     preds = np.array(predictions)  # a copy: T5 edits its array in place
     invalid = (preds != 0) & (preds != 1)
     preds = np.where(invalid, 1 - refs, preds)
+    import sklearn.metrics
+
     # zero_division=0.0 is sklearn's default value, minus its warning.
     return 100.0 * float(sklearn.metrics.f1_score(refs, preds, zero_division=0.0))
 
 
-def _correlation(fn, predictions, references) -> float:
+def _correlation(name: str, predictions, references) -> float:
     _check(predictions, references)
     x = np.asarray(predictions, dtype=np.float64)
     y = np.asarray(references, dtype=np.float64)
@@ -97,20 +101,24 @@ def _correlation(fn, predictions, references) -> float:
     # by max() keeps working.
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return 0.0
-    return 100.0 * float(fn(x, y)[0])
+    import scipy.stats
+
+    return 100.0 * float(getattr(scipy.stats, name)(x, y)[0])
 
 
 def pearson_corrcoef(predictions, references) -> float:
-    return _correlation(scipy.stats.pearsonr, predictions, references)
+    return _correlation("pearsonr", predictions, references)
 
 
 def spearman_corrcoef(predictions, references) -> float:
-    return _correlation(scipy.stats.spearmanr, predictions, references)
+    return _correlation("spearmanr", predictions, references)
 
 
 def bleu(predictions: Sequence[str], references: Sequence[str]) -> float:
     """Corpus BLEU with T5's sacrebleu settings, one reference per example."""
     _check(predictions, references)
+    import sacrebleu
+
     # "exp" smoothing (mteval's) gives a zero-match n-gram order a small
     # non-zero precision, so BLEU is 0 only when not even a unigram matches.
     result = sacrebleu.corpus_bleu(
@@ -131,6 +139,8 @@ def rouge(predictions: Sequence[str], references: Sequence[str], use_stemmer: bo
     resamples of the mean over examples.
     """
     _check(predictions, references)
+    from rouge_score import rouge_scorer, scoring
+
     scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=use_stemmer)
     aggregator = scoring.BootstrapAggregator()
     for prediction, reference in zip(predictions, references):

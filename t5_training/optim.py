@@ -11,7 +11,6 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.optimization import Adafactor
 
 from t5_training.adafactor import T5Adafactor
 from t5_training.config import TrainingConfig
@@ -48,6 +47,9 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
     if config.optim == "adafactor_hf":
         # HF's external-lr variant: every matrix factored, and no parameter scaling, so each
         # weight moves by about lr in absolute terms whatever its scale. Not T5's recipe.
+        # Imported here: transformers.optimization pulls in the Trainer's utilities and peft (~1.5 s).
+        from transformers.optimization import Adafactor
+
         return Adafactor(groups, lr=config.learning_rate, scale_parameter=False, relative_step=False,
                          warmup_init=False)
     # Fused: one kernel per step instead of a dozen passes over the weights (about 25% less
