@@ -166,22 +166,53 @@ def pretrain(output_dir: str, tokenizer_dir: str, corpus: dict[str, str], steps:
     return {**results, "dir": output_dir}
 
 
+REUSE_RECORD = "fine_tune_flags.json"  # beside a reusable run: the flags it was trained with
+
+
 def fine_tune_pair(flags: list[str], pretrained_model: str, config_name: str, seed: int, folder: str,
                    reuse: bool = False) -> dict[str, dict]:
     """Fine-tunes the pretrained model and the same shape from random init, everything else equal.
 
     Returns {init: fine_tune_t5.main's results plus "dir"}. With `reuse`, a run that already
-    finished in its folder is read back instead of trained again (runs are deterministic on CPU).
+    finished in its folder is read back instead of trained again (runs are deterministic on CPU),
+    but only if it was trained with the same flags: a finished run with other flags (another
+    learning rate, say) is refused in one line rather than passed off as this setting's result.
     """
     results = {}
     for init, model in (("pretrained", ["--model_name_or_path", pretrained_model]),
                         ("random init", ["--config_name", config_name])):
         run_folder = os.path.join(folder, f"{init.replace(' ', '_')}-seed{seed}")
+        argv = [*flags, *model, "--seed", str(seed)]
         done = run_dir.read_results(run_folder) if reuse else None
-        results[init] = {**(done or fine_tune_t5.main([*flags, *model, "--output_dir", run_folder,
-                                                       "--overwrite_output_dir", "--seed", str(seed)])),
-                         "dir": run_folder}
+        if done is not None:
+            _check_reused(run_folder, argv)
+        else:
+            done = fine_tune_t5.main([*argv, "--output_dir", run_folder, "--overwrite_output_dir"])
+            if reuse:
+                reporting.write_json(os.path.join(run_folder, REUSE_RECORD), {"argv": argv})
+        results[init] = {**done, "dir": run_folder}
     return results
+
+
+def _check_reused(run_folder: str, argv: list[str]) -> None:
+    try:
+        with open(os.path.join(run_folder, REUSE_RECORD), encoding="utf-8") as f:
+            recorded = json.load(f).get("argv")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded != argv:
+        now, then = _flag_values(argv), _flag_values(recorded or [])
+        changed = [f"{flag} {then.get(flag, '(unset)')} -> {now.get(flag, '(unset)')}"
+                   for flag in sorted(set(now) | set(then)) if now.get(flag) != then.get(flag)]
+        raise UsageError(f"{run_folder} holds a finished run trained with other flags "
+                         f"({'; '.join(changed) if recorded else 'none recorded'}); "
+                         "pass another --output_dir or delete it")
+
+
+def _flag_values(argv: list[str]) -> dict[str, str]:
+    """{--flag: its value} of a command line (a flag without a value maps to "")."""
+    return {token: argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+            for i, token in enumerate(argv) if token.startswith("--")}
 
 
 def summarize(runs: dict[int, dict[str, dict]], metric: str) -> dict:

@@ -19,13 +19,15 @@ Prints, per recipe and label count, each model's mean and per-seed metric and he
 the paired difference with its 95% Student t interval over the seeds; writes results.json and
 transfer.png (the metric against the number of labelled rows, both models, with the interval).
 A finished pretraining or fine-tuning run is read back, not repeated (runs are deterministic on
-CPU), so a rerun with more seeds or label counts trains only what is missing.
+CPU), so a rerun with more seeds or label counts trains only what is missing; a finished
+fine-tuning run whose flags differ (another --learning_rate, say) is refused in one line.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
 import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
@@ -65,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fine_tune_steps", type=int, default=300, help="of 16 rows, whatever the label count")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--learning_rate", type=float, default=1e-3, help="fine-tuning, AdamW, linear decay")
+    parser.add_argument("--max_eval_samples", type=int, default=0,
+                        help="score the first N held-out rows (0: all of them, as every table here does)")
     parser.add_argument("--output_dir", default=None, help="default: runs/pretraining_transfer/TASK")
     args = parser.parse_args(argv)
     args.output_dir = args.output_dir or os.path.join(REPO, "runs", "pretraining_transfer", args.task)
@@ -103,7 +107,8 @@ def main(argv=None) -> dict:
                      "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64",
                      "--learning_rate", str(args.learning_rate), "--max_steps", str(args.fine_tune_steps),
                      "--warmup_steps", str(args.fine_tune_steps // 10), "--logging_steps", "50",
-                     "--dropout_rate", "0.1", "--save_total_limit", "1"],
+                     "--dropout_rate", "0.1", "--save_total_limit", "1",
+                     "--max_eval_samples", str(args.max_eval_samples)],
                     os.path.join(pretrained["dir"], "final"), TINY, seed,
                     os.path.join(out, f"fine_tune-{recipe}-{args.pretrain_steps}", f"labelled{n}"), reuse=True)
             rows.append(row_of(n, runs, metric))
@@ -192,4 +197,6 @@ def save_plot(path: str, recipes: dict, metric: str, task: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from t5_training.errors import run_cli
+
+    sys.exit(run_cli(main, sys.argv[1:]))

@@ -12,6 +12,7 @@ import sys
 
 from absl.testing import absltest
 
+from t5_training.errors import UsageError
 from tests import fixtures
 
 BENCHMARKS = os.path.join(fixtures.REPO, "benchmarks")
@@ -162,7 +163,8 @@ class PretrainingTransferTest(fixtures.TempDirTestCase):
         import pretraining_transfer
 
         out = os.path.join(self.dir, "study")
-        flags = ["--output_dir", out, "--pretrain_steps", "3", "--fine_tune_steps", "2", "--labelled", "10", "20"]
+        flags = ["--output_dir", out, "--pretrain_steps", "3", "--fine_tune_steps", "2", "--labelled", "10", "20",
+                 "--max_eval_samples", "32"]
         first = pretraining_transfer.main(flags + ["--seeds", "0", "1"])
         rows = first["recipes"]["t5_adafactor"]["rows"]
         self.assertEqual([row["labelled"] for row in rows], [10, 20])
@@ -184,6 +186,12 @@ class PretrainingTransferTest(fixtures.TempDirTestCase):
         self.assertEqual(again["pretrained accuracy"][:2], rows[0]["pretrained accuracy"])
         self.assertLen(again["pretrained accuracy"], 3)
         self.assertTrue(os.path.isdir(os.path.join(out, "fine_tune-t5_adafactor-3", "labelled20", "random_init-seed2")))
+
+        # A finished run is never passed off as another setting's: other flags are refused, nothing trains.
+        with self.assertRaisesRegex(UsageError, r"labelled10/pretrained-seed0 holds a finished run trained with "
+                                                r"other flags \(.*--learning_rate.*\)"):
+            pretraining_transfer.main(flags + ["--seeds", "0", "--learning_rate", "3e-4"])
+        self.assertEqual(os.stat(model).st_mtime_ns, before)
 
 
 class PeftBenchmarkTest(fixtures.TempDirTestCase):
