@@ -70,7 +70,8 @@ def _random_segmentation(rng: np.random.Generator, batch_size: int, num_items: i
     is_cut = rng.permuted(is_cut, axis=1)
     bounds = np.empty((batch_size, num_segments + 1), np.int64)
     bounds[:, 0], bounds[:, -1] = 0, num_items
-    bounds[:, 1:-1] = np.nonzero(is_cut)[1].reshape(batch_size, num_segments - 1) + 1  # row-major: sorted
+    # flatnonzero, row-major so sorted within each row: a seventh of the time of nonzero's 2-D indices
+    bounds[:, 1:-1] = (np.flatnonzero(is_cut) % (num_items - 1)).reshape(batch_size, num_segments - 1) + 1
     return bounds
 
 
@@ -85,7 +86,13 @@ def random_spans_noise_mask(batch_size: int, length: int, noise_density: float,
     flips = np.concatenate([kept[:, 1:] + noise[:, :-1], kept[:, 1:-1] + noise[:, 1:-1]], axis=1)
     starts = np.zeros((batch_size, length), dtype=bool)
     starts.reshape(-1)[flips + length * np.arange(batch_size)[:, None]] = True  # flat: cheaper than put_along_axis
-    return np.logical_xor.accumulate(starts, axis=1)  # noise between a start and the next end
+    return toggled(starts)
+
+
+def toggled(flips: np.ndarray) -> np.ndarray:
+    """Bool array, True from each odd-numbered True of a row of `flips` until the next one (excluded)."""
+    # A running count's parity: twice as fast as np.logical_xor.accumulate along rows.
+    return (np.cumsum(flips, axis=1, dtype=np.int32) & 1).astype(bool)
 
 
 class BatchRandomness:
@@ -165,16 +172,35 @@ def sentinel_ids(tokenizer, num_sentinels: int | None = None) -> np.ndarray:
 
 
 def replace_runs(tokens: np.ndarray, runs: np.ndarray, out_length: int, fill: int, sentinels: np.ndarray,
-                 eos_token_id: int) -> np.ndarray:
-    """Each run of True in `runs` -> its sentinel (i-th run, i-th sentinel); EOS; pad with `fill`."""
+                 eos_token_id: int, keep: np.ndarray | None = None) -> np.ndarray:
+    """Each run of True in `runs` -> its sentinel (a row's i-th run, i-th sentinel); EOS; pad with `fill`.
+
+    Tokens where `keep` is False are dropped. Rows may end up with different numbers of tokens;
+    each gets its EOS right after its last token.
+    """
+    n = len(tokens)
     prev = np.zeros_like(runs)  # runs shifted right by one; np.pad costs more than the rest of this
     prev[:, 1:] = runs[:, :-1]
     first = runs & ~prev
-    sentinel = sentinels[np.maximum(np.cumsum(first, axis=1) - 1, 0)]
-    kept = np.where(first, sentinel, tokens)[~(runs & prev)].reshape(len(tokens), -1)
-    out = np.full((len(tokens), out_length), fill, np.int64)
-    out[:, :kept.shape[1]] = kept
-    out[:, kept.shape[1]] = eos_token_id
+    kept = ~(runs & prev)
+    if keep is not None:
+        kept &= keep
+    # np.compress on flat arrays: several times faster than boolean indexing (which branches per
+    # element) and than np.where over the whole chunk; sentinels are then written at the run starts only.
+    flat_kept = kept.reshape(-1)
+    values = np.compress(flat_kept, tokens.reshape(-1))
+    starts = np.flatnonzero(np.compress(flat_kept, first.reshape(-1)))
+    runs_per_row = np.count_nonzero(first, axis=1)
+    # A run start's rank within its row: its rank among all starts less the starts of earlier rows.
+    values[starts] = sentinels[np.arange(len(starts)) - np.repeat(np.cumsum(runs_per_row) - runs_per_row,
+                                                                  runs_per_row)]
+    counts = np.count_nonzero(kept, axis=1)
+    out = np.full((n, out_length), fill, np.int64)
+    if np.all(counts == counts[0]):
+        out[:, :counts[0]] = values.reshape(n, -1)
+    else:
+        np.place(out, np.arange(out_length) < counts[:, None], values)  # row-major, as `values` is
+    out[np.arange(n), counts] = eos_token_id
     return out
 
 

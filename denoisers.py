@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from data_collator_t5 import (BatchRandomness, compute_input_and_target_lengths, corrupted_lengths,
-                              min_prefix_length, random_prefix_split, random_spans_noise_mask, replace_runs,
-                              sentinel_ids, shift_right, span_counts, split_prefix, stack_chunks)
+                              min_prefix_length, random_prefix_split, replace_runs, sentinel_ids,
+                              shift_right, span_counts, split_prefix, stack_chunks, toggled)
 
 KINDS = ("span", "prefix")
 # Per-row facts the trainer reads (loss per denoiser, exact tokens seen); pop them before model(**batch).
@@ -133,6 +133,57 @@ def missing_mode_tokens(tokenizer, denoisers) -> list[str]:
     return sorted({d.mode_token for d in denoisers if d.mode_token not in vocab})
 
 
+def _ragged_cuts(rng: np.random.Generator, items: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """Flat, row by row and sorted: for row r, segments[r] - 1 distinct cut points uniform among the
+    items[r] - 1 gaps between its items (cut p: a segment ends after item p)."""
+    gaps, cuts = items - 1, segments - 1
+    width = max(int(gaps.max()), 1)
+    # Where most gaps are cut, draw the uncut ones instead: never more than half a row to draw.
+    flip = cuts > gaps // 2
+    wanted = np.where(flip, gaps - cuts, cuts)
+    chosen = np.zeros((len(gaps), width), dtype=bool)
+    rows = np.flatnonzero(wanted)
+    missing = wanted[rows]
+    # Draw each row's missing gaps at random and mark them, until every row has its count: repeats
+    # are absorbed by the marks. Every step treats all gaps alike, so each set of gaps of the wanted
+    # size is equally likely. At UL2's densities a row needs a fraction of the draws of a shuffle of
+    # all its gaps (28 cuts among 480 gaps for R), and a few rounds.
+    while len(rows):
+        draws = missing.max()
+        # floor(u * n) with 53-bit uniforms: uniform to within 2^-53, five times faster than
+        # Generator.integers with a bound per row.
+        picks = (rng.random((len(rows), draws)) * gaps[rows, None]).astype(np.int64) + (rows * width)[:, None]
+        chosen.reshape(-1)[picks[np.arange(draws) < missing[:, None]]] = True
+        missing = wanted[rows] - np.count_nonzero(chosen[rows], axis=1)
+        rows, missing = rows[missing > 0], missing[missing > 0]
+    chosen ^= flip[:, None] & (np.arange(width) < gaps[:, None])
+    return np.flatnonzero(chosen) % width
+
+
+def random_spans_noise_masks(rng: np.random.Generator, lengths: np.ndarray, num_noise: np.ndarray,
+                             num_spans: np.ndarray, width: int) -> np.ndarray:
+    """Bool (rows, width): row r is a T5 noise mask of its first lengths[r] tokens (num_noise[r] noise
+    tokens in num_spans[r] spans, every such mask equally likely, kept text first and noise last), then
+    True to `width`. data_collator_t5.random_spans_noise_mask for rows of different lengths at once."""
+    rows, kept = len(lengths), lengths - num_noise
+    cuts = _ragged_cuts(rng, np.concatenate([num_noise, kept]), np.concatenate([num_spans, num_spans]))
+    noise_cuts, kept_cuts = np.split(cuts + 1, 2)  # aligned: the i-th cut of row r in both
+    # Row r's kept bounds kb[1..S] = its kept cuts then K, noise bounds nb[0..S-1] = 0 then its noise
+    # cuts; noise span j covers [kb[j+1] + nb[j], kb[j+1] + nb[j+1]).
+    is_last = np.zeros(int(num_spans.sum()), dtype=bool)
+    is_last[np.cumsum(num_spans) - 1] = True
+    is_first = np.roll(is_last, 1)
+    kept_bounds = np.empty(len(is_last), np.int64)
+    kept_bounds[is_last], kept_bounds[~is_last] = kept, kept_cuts
+    noise_bounds = np.zeros_like(kept_bounds)
+    noise_bounds[~is_first] = noise_cuts
+    row_start = np.repeat(np.arange(rows) * width, num_spans)
+    flips = np.zeros(rows * width, dtype=bool)
+    flips[row_start + kept_bounds + noise_bounds] = True  # noise spans start
+    flips[row_start[~is_last] + kept_cuts + noise_cuts] = True  # and end, but the last: noise to `width`
+    return toggled(flips.reshape(rows, width))
+
+
 class DataCollatorForDenoiserMixture:
     """Packed chunks of `raw_length` tokens -> batches in which each row has its own denoiser.
 
@@ -185,8 +236,15 @@ class DataCollatorForDenoiserMixture:
             self.target_lengths.append(target)
             self._input_lengths.append(1 + corrupted)  # with the mode token; prefixes vary per row
         self.raw_length, self.target_length = max(self.raw_lengths), max(self.target_lengths)
-        spans = {d.name: span_counts(raw, d.noise_density, d.mean_noise_span_length)[2]
-                 for d, raw in zip(denoisers, self.raw_lengths) if d.kind == "span"}
+        # Arrays of the per-denoiser lengths, to index with a batch's denoiser ids.
+        self._raw, self._target, self._input_lengths = (
+            np.asarray(x, np.int64) for x in (self.raw_lengths, self.target_lengths, self._input_lengths))
+        self._is_span = np.asarray([d.kind == "span" for d in denoisers])
+        # (noise, kept, spans) of each span denoiser's chunk; zeros for prefix LMs, never read.
+        self._span_counts = np.asarray([span_counts(raw, d.noise_density, d.mean_noise_span_length)
+                                        if d.kind == "span" else (0, 0, 0)
+                                        for d, raw in zip(denoisers, self.raw_lengths)], np.int64)
+        spans = {d.name: int(counts[2]) for d, counts in zip(denoisers, self._span_counts) if d.kind == "span"}
         self.sentinel_ids = sentinel_ids(tokenizer) if spans else np.zeros(0, np.int64)
         if spans and max(spans.values()) > len(self.sentinel_ids):
             name = max(spans, key=spans.get)
@@ -200,35 +258,37 @@ class DataCollatorForDenoiserMixture:
         tokens = stack_chunks(examples, self.raw_length)
         rng = self._rng(examples)
         ids = rng.choice(len(self.denoisers), size=len(tokens), p=self.rates)
-        present = np.unique(ids)
-        width = max(self.target_lengths[i] for i in present)
         input_ids = np.full((len(tokens), self.input_length), self.pad_token_id, np.int64)
         input_ids[:, 0] = self.mode_ids[ids]
-        attention_mask = np.zeros_like(input_ids)
-        labels = np.full((len(tokens), width), -100, np.int64)
-        # One vectorised pass per denoiser drawn, in a fixed order, so the draws stay reproducible.
-        for i in present:
+        attention_mask = (np.arange(self.input_length) < self._input_lengths[ids][:, None]).astype(np.int64)
+        labels = np.full((len(tokens), self._target[ids].max()), -100, np.int64)
+        # All span rows in one vectorised pass, whatever their denoisers: a pass per denoiser costs
+        # its numpy calls' fixed overhead up to seven times, more than the work itself at batch 64.
+        rows = np.flatnonzero(self._is_span[ids])
+        if len(rows):
+            counts = self._span_counts[ids[rows]]
+            lengths = counts[:, 0] + counts[:, 1]  # raw = noise + kept
+            width = lengths.max()
+            chunk = tokens[rows, :width]
+            mask = random_spans_noise_masks(rng, lengths, counts[:, 0], counts[:, 2], width)
+            # Past a row's own length the mask is noise, so its last span swallows the tail in the inputs...
+            input_ids[rows, 1:] = replace_runs(chunk, mask, self.input_length - 1, self.pad_token_id,
+                                               self.sentinel_ids, self.eos_token_id)
+            # ...and `keep` drops the tail from the targets.
+            labels[rows, :] = replace_runs(chunk, ~mask, labels.shape[1], -100, self.sentinel_ids,
+                                           self.eos_token_id, keep=np.arange(width) < lengths[:, None])
+        for i in np.unique(ids[~self._is_span[ids]]):  # prefix LMs: cheap, one pass each in a fixed order
             rows, d = np.flatnonzero(ids == i), self.denoisers[i]
-            chunk, target = tokens[rows, :self.raw_lengths[i]], self.target_lengths[i]
-            if d.kind == "span":
-                mask = random_spans_noise_mask(len(rows), chunk.shape[1], d.noise_density,
-                                               d.mean_noise_span_length, rng)
-                input_ids[rows, 1:] = replace_runs(chunk, mask, self.input_length - 1, self.pad_token_id,
-                                                   self.sentinel_ids, self.eos_token_id)
-                labels[rows, :target] = replace_runs(chunk, ~mask, target, -100, self.sentinel_ids,
-                                                     self.eos_token_id)
-                attention_mask[rows, :self._input_lengths[i]] = 1
-            else:
-                split = random_prefix_split(rng, len(rows), chunk.shape[1], d.noise_density)
-                prefix, attention, rest = split_prefix(chunk, split, self.eos_token_id, self.pad_token_id)
-                input_ids[rows, 1:], attention_mask[rows, 1:] = prefix, attention
-                attention_mask[rows, 0] = 1
-                labels[rows, :target] = rest[:, :target]
+            split = random_prefix_split(rng, len(rows), self.raw_lengths[i], d.noise_density)
+            prefix, attention, rest = split_prefix(tokens[rows, :self.raw_lengths[i]], split, self.eos_token_id,
+                                                   self.pad_token_id)
+            input_ids[rows, 1:], attention_mask[rows, 1:] = prefix, attention
+            labels[rows, :self.target_lengths[i]] = rest[:, :self.target_lengths[i]]
         return {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),
             "labels": torch.from_numpy(labels),
             "decoder_input_ids": torch.from_numpy(shift_right(labels, self.decoder_start_token_id)),
             "denoiser_ids": torch.from_numpy(ids.astype(np.int64)),
-            "num_raw_tokens": torch.from_numpy(np.asarray(self.raw_lengths, np.int64)[ids]),
+            "num_raw_tokens": torch.from_numpy(self._raw[ids]),
         }
