@@ -142,34 +142,42 @@ def _ragged_cuts(rng: np.random.Generator, items: np.ndarray, segments: np.ndarr
     flip = cuts > gaps // 2
     wanted = np.where(flip, gaps - cuts, cuts)
     chosen = np.zeros((len(gaps), width), dtype=bool)
-    rows = np.flatnonzero(wanted)
-    missing = wanted[rows]
-    # Draw each row's missing gaps at random and mark them, until every row has its count: repeats
-    # are absorbed by the marks. Every step treats all gaps alike, so each set of gaps of the wanted
-    # size is equally likely. At UL2's densities a row needs a fraction of the draws of a shuffle of
-    # all its gaps (28 cuts among 480 gaps for R), and a few rounds.
-    while len(rows):
-        draws = missing.max()
+    # Sequential draws: each row draws gaps at random and takes every one it has not taken yet, until
+    # it has as many as it wants. All gaps are treated alike, so every set of the wanted size is
+    # equally likely. At UL2's densities that is a fraction of the draws of a shuffle of all gaps
+    # (28 cuts among 480 gaps for R). Draws are flat, by row, as many as each row still misses.
+    draws, missing, first_round = wanted, wanted, True
+    while missing.any():
+        row = np.repeat(np.arange(len(gaps)), draws)
         # floor(u * n) with 53-bit uniforms: uniform to within 2^-53, five times faster than
-        # Generator.integers with a bound per row.
-        picks = (rng.random((len(rows), draws)) * gaps[rows, None]).astype(np.int64) + (rows * width)[:, None]
-        chosen.reshape(-1)[picks[np.arange(draws) < missing[:, None]]] = True
-        missing = wanted[rows] - np.count_nonzero(chosen[rows], axis=1)
-        rows, missing = rows[missing > 0], missing[missing > 0]
+        # Generator.integers with a bound per draw.
+        picks = (rng.random(len(row)) * gaps[row]).astype(np.int64) + row * width
+        if not first_round:
+            # Past the first round rows draw twice what they miss, and take the new gaps in the
+            # order drawn until they have enough: the draws after that are never looked at.
+            new = np.zeros(len(picks), dtype=bool)
+            new[np.unique(picks, return_index=True)[1]] = True  # first draw of each gap
+            new &= ~chosen.reshape(-1)[picks]
+            taken = np.concatenate([[0], np.cumsum(new)])  # new gaps among the first i draws
+            rank = taken[1:] - np.repeat(taken[np.cumsum(draws) - draws], draws)  # ... of the draw's row
+            picks = picks[new & (rank <= missing[row])]
+        chosen.reshape(-1)[picks] = True  # in the first round, exactly the draws: never more than wanted
+        missing, first_round = wanted - np.count_nonzero(chosen, axis=1), False
+        draws = np.where(missing > 0, 2 * missing + 8, 0)
     chosen ^= flip[:, None] & (np.arange(width) < gaps[:, None])
     return np.flatnonzero(chosen) % width
 
 
 def random_spans_noise_masks(rng: np.random.Generator, lengths: np.ndarray, num_noise: np.ndarray,
-                             num_spans: np.ndarray, width: int) -> np.ndarray:
-    """Bool (rows, width): row r is a T5 noise mask of its first lengths[r] tokens (num_noise[r] noise
-    tokens in num_spans[r] spans, every such mask equally likely, kept text first and noise last), then
-    True to `width`. data_collator_t5.random_spans_noise_mask for rows of different lengths at once."""
-    rows, kept = len(lengths), lengths - num_noise
+                             num_spans: np.ndarray) -> np.ndarray:
+    """T5 noise masks of rows of different lengths at once, flat: row r's lengths[r] entries follow
+    row r - 1's, with num_noise[r] noise tokens in num_spans[r] spans, every such mask equally likely,
+    kept text first and noise last (data_collator_t5.random_spans_noise_mask, row by row)."""
+    kept = lengths - num_noise
     cuts = _ragged_cuts(rng, np.concatenate([num_noise, kept]), np.concatenate([num_spans, num_spans]))
     noise_cuts, kept_cuts = np.split(cuts + 1, 2)  # aligned: the i-th cut of row r in both
     # Row r's kept bounds kb[1..S] = its kept cuts then K, noise bounds nb[0..S-1] = 0 then its noise
-    # cuts; noise span j covers [kb[j+1] + nb[j], kb[j+1] + nb[j+1]).
+    # cuts; noise span j covers [kb[j+1] + nb[j], kb[j+1] + nb[j+1]), the last one to the row's end.
     is_last = np.zeros(int(num_spans.sum()), dtype=bool)
     is_last[np.cumsum(num_spans) - 1] = True
     is_first = np.roll(is_last, 1)
@@ -177,11 +185,12 @@ def random_spans_noise_masks(rng: np.random.Generator, lengths: np.ndarray, num_
     kept_bounds[is_last], kept_bounds[~is_last] = kept, kept_cuts
     noise_bounds = np.zeros_like(kept_bounds)
     noise_bounds[~is_first] = noise_cuts
-    row_start = np.repeat(np.arange(rows) * width, num_spans)
-    flips = np.zeros(rows * width, dtype=bool)
-    flips[row_start + kept_bounds + noise_bounds] = True  # noise spans start
-    flips[row_start[~is_last] + kept_cuts + noise_cuts] = True  # and end, but the last: noise to `width`
-    return toggled(flips.reshape(rows, width))
+    row_start = np.repeat(np.cumsum(lengths) - lengths, num_spans)
+    flips = np.zeros((1, int(lengths.sum()) + 1), dtype=bool)
+    flips[0, row_start + kept_bounds + noise_bounds] = True  # noise spans start,
+    flips[0, row_start[~is_last] + kept_cuts + noise_cuts] = True  # end,
+    flips[0, np.cumsum(lengths)] = True  # and the last ends with its row
+    return toggled(flips)[0, :-1]
 
 
 class DataCollatorForDenoiserMixture:
@@ -252,31 +261,32 @@ class DataCollatorForDenoiserMixture:
                              f"but the tokenizer has only {len(self.sentinel_ids)} sentinels (<extra_id_0>.."
                              f"<extra_id_{len(self.sentinel_ids) - 1}>); add more, shorten input_length, "
                              "or drop that denoiser")
+        self._cumulative_rates = np.cumsum(self.rates)
+        self._cumulative_rates[-1] = 1.0  # so that every uniform draw in [0, 1) falls below the last
         self._rng = BatchRandomness(seed)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = stack_chunks(examples, self.raw_length)
         rng = self._rng(examples)
-        ids = rng.choice(len(self.denoisers), size=len(tokens), p=self.rates)
+        ids = np.searchsorted(self._cumulative_rates, rng.random(len(tokens)), side="right")  # a sixth of choice's time
         input_ids = np.full((len(tokens), self.input_length), self.pad_token_id, np.int64)
         input_ids[:, 0] = self.mode_ids[ids]
         attention_mask = (np.arange(self.input_length) < self._input_lengths[ids][:, None]).astype(np.int64)
         labels = np.full((len(tokens), self._target[ids].max()), -100, np.int64)
         # All span rows in one vectorised pass, whatever their denoisers: a pass per denoiser costs
         # its numpy calls' fixed overhead up to seven times, more than the work itself at batch 64.
+        # The rows' own tokens lie end to end, so the rows of short chunks pay for no padding.
         rows = np.flatnonzero(self._is_span[ids])
         if len(rows):
-            counts = self._span_counts[ids[rows]]
-            lengths = counts[:, 0] + counts[:, 1]  # raw = noise + kept
-            width = lengths.max()
-            chunk = tokens[rows, :width]
-            mask = random_spans_noise_masks(rng, lengths, counts[:, 0], counts[:, 2], width)
-            # Past a row's own length the mask is noise, so its last span swallows the tail in the inputs...
-            input_ids[rows, 1:] = replace_runs(chunk, mask, self.input_length - 1, self.pad_token_id,
-                                               self.sentinel_ids, self.eos_token_id)
-            # ...and `keep` drops the tail from the targets.
-            labels[rows, :] = replace_runs(chunk, ~mask, labels.shape[1], -100, self.sentinel_ids,
-                                           self.eos_token_id, keep=np.arange(width) < lengths[:, None])
+            noise, kept, spans = self._span_counts[ids[rows]].T
+            lengths = noise + kept
+            chunks = tokens[rows, :lengths.max()]
+            flat = np.compress((np.arange(chunks.shape[1]) < lengths[:, None]).reshape(-1), chunks.reshape(-1))
+            mask = random_spans_noise_masks(rng, lengths, noise, spans)
+            input_ids[rows, 1:] = replace_runs(flat, mask, self.input_length - 1, self.pad_token_id,
+                                               self.sentinel_ids, self.eos_token_id, lengths)
+            labels[rows, :] = replace_runs(flat, ~mask, labels.shape[1], -100, self.sentinel_ids,
+                                           self.eos_token_id, lengths)
         for i in np.unique(ids[~self._is_span[ids]]):  # prefix LMs: cheap, one pass each in a fixed order
             rows, d = np.flatnonzero(ids == i), self.denoisers[i]
             split = random_prefix_split(rng, len(rows), self.raw_lengths[i], d.noise_density)

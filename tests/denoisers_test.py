@@ -272,10 +272,11 @@ class DenoisersTest(parameterized.TestCase):
                   (2, 1, 1), (10, 8, 2), (10, 5, 5)]  # (length, noise, spans); (10, 5, 5): every gap cut
         pick = np.random.default_rng(0).integers(0, len(shapes), 3_000)
         length, noise, spans = (np.asarray(shapes)[pick, i] for i in range(3))
-        mask = dn.random_spans_noise_masks(np.random.default_rng(1), length, noise, spans, 1010)
-        inside = np.arange(1010) < length[:, None]
-        self.assertTrue(mask[~inside].all())  # noise past the row's end
-        mask &= inside
+        flat = dn.random_spans_noise_masks(np.random.default_rng(1), length, noise, spans)
+        self.assertEqual(flat.shape, (length.sum(),))
+        inside = np.arange(1004) < length[:, None]
+        mask = np.zeros(inside.shape, dtype=bool)
+        mask[inside] = flat
         starts = mask & ~np.pad(mask[:, :-1], ((0, 0), (1, 0)))
         np.testing.assert_array_equal(mask.sum(1), noise)
         np.testing.assert_array_equal(starts.sum(1), spans)
@@ -287,7 +288,8 @@ class DenoisersTest(parameterized.TestCase):
         rows = 72_000
         length = np.where(np.arange(rows) % 2 == 0, 10, 300)
         noise, spans = np.where(length == 10, 5, 150), np.where(length == 10, 3, 40)
-        mask = dn.random_spans_noise_masks(np.random.default_rng(2), length, noise, spans, 300)[::2, :10]
+        flat = dn.random_spans_noise_masks(np.random.default_rng(2), length, noise, spans)
+        mask = np.stack([row for row in np.split(flat, np.cumsum(length)[:-1]) if len(row) == 10])
         _, counts = np.unique(mask, axis=0, return_counts=True)
         self.assertLen(counts, 36)
         self.assertLess(np.abs(counts / len(mask) - 1 / 36).max(), 0.005)
@@ -297,9 +299,15 @@ class DenoisersTest(parameterized.TestCase):
     def test_replace_runs_rows_of_different_lengths(self):
         tokens = np.array([[5, 6, 7, 8, 9], [5, 6, 7, 8, 9]])
         runs = np.array([[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]], dtype=bool)
-        keep = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=bool)
-        out = dc.replace_runs(tokens, runs, 6, -100, np.array([99, 98]), EOS, keep=keep)
+        out = dc.replace_runs(tokens, runs, 6, -100, np.array([99, 98]), EOS)
+        np.testing.assert_array_equal(out, [[5, 99, 8, 98, EOS, -100], [5, 99, 7, 8, 9, EOS]])
+        # The same rows laid end to end, the second cut to 3 tokens; a run at a row's end stays its own.
+        out = dc.replace_runs(tokens.reshape(-1)[:8], runs.reshape(-1)[:8], 6, -100, np.array([99, 98]), EOS,
+                              lengths=np.array([5, 3]))
         np.testing.assert_array_equal(out, [[5, 99, 8, 98, EOS, -100], [5, 99, 7, EOS, -100, -100]])
+        out = dc.replace_runs(np.arange(4), np.array([0, 1, 1, 1], dtype=bool), 3, -100, np.array([99, 98]), EOS,
+                              lengths=np.array([2, 2]))
+        np.testing.assert_array_equal(out, [[0, 99, EOS], [99, EOS, -100]])
 
 
 if __name__ == "__main__":
