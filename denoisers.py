@@ -19,10 +19,13 @@ import dataclasses
 
 import numpy as np
 import torch
+import yaml
 
 from data_collator_t5 import (BatchRandomness, compute_input_and_target_lengths, corrupted_lengths,
                               min_prefix_length, random_prefix_split, replace_runs, sentinel_ids,
-                              shift_right, span_counts, split_prefix, stack_chunks, toggled)
+                              shift_right, span_counts, split_prefix, stack_chunks)
+from t5_training.errors import UsageError
+from t5_training.span_masks import random_spans_noise_masks
 
 KINDS = ("span", "prefix")
 # Per-row facts the trainer reads (loss per denoiser, exact tokens seen); pop them before model(**batch).
@@ -127,70 +130,60 @@ def parse_mixture(spec) -> tuple[tuple[Denoiser, ...], tuple[float, ...]]:
     return tuple(denoisers), tuple(rates)
 
 
+def read_mixture(path: str | None) -> tuple[tuple[Denoiser, ...], tuple[float, ...]]:
+    """(denoisers, rates): UL2's seven at equal rates, or the list the YAML file at `path` holds."""
+    if path is None:
+        return parse_mixture("ul2")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_mixture(yaml.safe_load(f))
+    except OSError as err:
+        raise UsageError(f"--denoisers {path}: {err.strerror}; pass a YAML file that lists the denoisers") from None
+    except (yaml.YAMLError, ValueError) as err:
+        raise UsageError(f"--denoisers {path}: {str(err).splitlines()[0]}") from None
+
+
+def mixture_lengths(input_length: int, denoisers) -> tuple[list[int], list[int], list[int]]:
+    """(raw chunk length, target length, encoder input length) of each denoiser, all with EOS and the
+    mode token in an `input_length`-token input (a prefix LM's input is its longest)."""
+    raw_lengths, target_lengths, input_lengths = [], [], []
+    for d in denoisers:
+        if d.kind == "span":  # T5's lengths for the input after the mode token
+            raw, target = compute_input_and_target_lengths(input_length - 1, d.noise_density,
+                                                           d.mean_noise_span_length)
+            corrupted = corrupted_lengths(raw, d.noise_density, d.mean_noise_span_length)[0]
+        else:  # mode token + longest prefix + EOS fit
+            raw = corrupted = input_length - 1
+            target = raw - min_prefix_length(raw, d.noise_density) + 1
+        raw_lengths.append(raw)
+        target_lengths.append(target)
+        input_lengths.append(1 + corrupted)
+    return raw_lengths, target_lengths, input_lengths
+
+
+def describe(denoisers, rates, input_length: int) -> dict:
+    """What a mixture draws from, as a checkpoint records it (TrainState.mixture)."""
+    return {"input_length": input_length, "denoisers": [{**dataclasses.asdict(d), "rate": float(r)}
+                                                        for d, r in zip(denoisers, rates)]}
+
+
+def check_same_mixture(saved: dict, now: dict, path: str) -> None:
+    """Refuses to resume from a checkpoint that drew from another mixture or another input length: its
+    batches, masks and packed chunks would not be the ones an uninterrupted run sees next."""
+    if saved and saved != now:
+        def show(m):
+            total = sum(d["rate"] for d in m.get("denoisers", [])) or 1
+            return ", ".join(f"{d['name']} {100 * d['rate'] / total:.0f}%" for d in m.get("denoisers", [])) + \
+                f" at {m.get('input_length')} tokens"
+        raise UsageError(f"checkpoint {path} was pretrained on another mixture of denoisers ({show(saved)}) than "
+                         f"this run's ({show(now)}); resume with its --denoisers file (unchanged) and --max_seq_length, "
+                         "or start a new run from its weights with --model_name_or_path")
+
+
 def missing_mode_tokens(tokenizer, denoisers) -> list[str]:
     """The denoisers' mode tokens that are not one token of the tokenizer's vocabulary, sorted."""
     vocab = tokenizer.get_vocab()
     return sorted({d.mode_token for d in denoisers if d.mode_token not in vocab})
-
-
-def _ragged_cuts(rng: np.random.Generator, items: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """Flat, row by row and sorted: for row r, segments[r] - 1 distinct cut points uniform among the
-    items[r] - 1 gaps between its items (cut p: a segment ends after item p)."""
-    gaps, cuts = items - 1, segments - 1
-    width = max(int(gaps.max()), 1)
-    # Where most gaps are cut, draw the uncut ones instead: never more than half a row to draw.
-    flip = cuts > gaps // 2
-    wanted = np.where(flip, gaps - cuts, cuts)
-    chosen = np.zeros((len(gaps), width), dtype=bool)
-    # Sequential draws: each row draws gaps at random and takes every one it has not taken yet, until
-    # it has as many as it wants. All gaps are treated alike, so every set of the wanted size is
-    # equally likely. At UL2's densities that is a fraction of the draws of a shuffle of all gaps
-    # (28 cuts among 480 gaps for R). Draws are flat, by row, as many as each row still misses.
-    draws, missing, first_round = wanted, wanted, True
-    while missing.any():
-        row = np.repeat(np.arange(len(gaps)), draws)
-        # floor(u * n) with 53-bit uniforms: uniform to within 2^-53, five times faster than
-        # Generator.integers with a bound per draw.
-        picks = (rng.random(len(row)) * gaps[row]).astype(np.int64) + row * width
-        if not first_round:
-            # Past the first round rows draw twice what they miss, and take the new gaps in the
-            # order drawn until they have enough: the draws after that are never looked at.
-            new = np.zeros(len(picks), dtype=bool)
-            new[np.unique(picks, return_index=True)[1]] = True  # first draw of each gap
-            new &= ~chosen.reshape(-1)[picks]
-            taken = np.concatenate([[0], np.cumsum(new)])  # new gaps among the first i draws
-            rank = taken[1:] - np.repeat(taken[np.cumsum(draws) - draws], draws)  # ... of the draw's row
-            picks = picks[new & (rank <= missing[row])]
-        chosen.reshape(-1)[picks] = True  # in the first round, exactly the draws: never more than wanted
-        missing, first_round = wanted - np.count_nonzero(chosen, axis=1), False
-        draws = np.where(missing > 0, 2 * missing + 8, 0)
-    chosen ^= flip[:, None] & (np.arange(width) < gaps[:, None])
-    return np.flatnonzero(chosen) % width
-
-
-def random_spans_noise_masks(rng: np.random.Generator, lengths: np.ndarray, num_noise: np.ndarray,
-                             num_spans: np.ndarray) -> np.ndarray:
-    """T5 noise masks of rows of different lengths at once, flat: row r's lengths[r] entries follow
-    row r - 1's, with num_noise[r] noise tokens in num_spans[r] spans, every such mask equally likely,
-    kept text first and noise last (data_collator_t5.random_spans_noise_mask, row by row)."""
-    kept = lengths - num_noise
-    cuts = _ragged_cuts(rng, np.concatenate([num_noise, kept]), np.concatenate([num_spans, num_spans]))
-    noise_cuts, kept_cuts = np.split(cuts + 1, 2)  # aligned: the i-th cut of row r in both
-    # Row r's kept bounds kb[1..S] = its kept cuts then K, noise bounds nb[0..S-1] = 0 then its noise
-    # cuts; noise span j covers [kb[j+1] + nb[j], kb[j+1] + nb[j+1]), the last one to the row's end.
-    is_last = np.zeros(int(num_spans.sum()), dtype=bool)
-    is_last[np.cumsum(num_spans) - 1] = True
-    is_first = np.roll(is_last, 1)
-    kept_bounds = np.empty(len(is_last), np.int64)
-    kept_bounds[is_last], kept_bounds[~is_last] = kept, kept_cuts
-    noise_bounds = np.zeros_like(kept_bounds)
-    noise_bounds[~is_first] = noise_cuts
-    row_start = np.repeat(np.cumsum(lengths) - lengths, num_spans)
-    flips = np.zeros((1, int(lengths.sum()) + 1), dtype=bool)
-    flips[0, row_start + kept_bounds + noise_bounds] = True  # noise spans start,
-    flips[0, row_start[~is_last] + kept_cuts + noise_cuts] = True  # end,
-    flips[0, np.cumsum(lengths)] = True  # and the last ends with its row
-    return toggled(flips)[0, :-1]
 
 
 class DataCollatorForDenoiserMixture:
@@ -232,18 +225,7 @@ class DataCollatorForDenoiserMixture:
                              f"tokenizer.add_special_tokens({{'additional_special_tokens': {missing}}}), save it, "
                              "and resize the model's embeddings (model.resize_token_embeddings(len(tokenizer)))")
         self.mode_ids = np.asarray([vocab[d.mode_token] for d in denoisers], dtype=np.int64)
-        self.raw_lengths, self.target_lengths, self._input_lengths = [], [], []
-        for d in denoisers:
-            if d.kind == "span":
-                raw, target = compute_input_and_target_lengths(input_length - 1, d.noise_density,
-                                                               d.mean_noise_span_length)
-                corrupted = corrupted_lengths(raw, d.noise_density, d.mean_noise_span_length)[0]
-            else:
-                raw = corrupted = input_length - 1
-                target = raw - min_prefix_length(raw, d.noise_density) + 1
-            self.raw_lengths.append(raw)
-            self.target_lengths.append(target)
-            self._input_lengths.append(1 + corrupted)  # with the mode token; prefixes vary per row
+        self.raw_lengths, self.target_lengths, self._input_lengths = mixture_lengths(input_length, denoisers)
         self.raw_length, self.target_length = max(self.raw_lengths), max(self.target_lengths)
         # Arrays of the per-denoiser lengths, to index with a batch's denoiser ids.
         self._raw, self._target, self._input_lengths = (

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import yaml
 from accelerate.utils import set_seed
 
 import denoisers
@@ -110,8 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
     # A stream is not sharded by accelerate: each process already reads its own share of it.
     run = runtime.prepare(accelerator, config, model, train_loader, {"validation": eval_loader},
                           shard_train_loader=not config.streaming)
+    drawn = mixture_record(config, collator)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
-                           streaming=config.streaming)
+                           streaming=config.streaming,
+                           check=lambda saved, path: denoisers.check_same_mixture(saved.mixture, drawn, path))
+    state.mixture = drawn
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = loop.Objective("loss", greater_is_better=False)
     # A mixture's held-out loss is also reported per denoiser, as eval/<name>/loss.
@@ -141,9 +143,16 @@ def build_collator(config: PreTrainConfig, tokenizer):
         raise UsageError(str(err)) from None
 
 
+def mixture_record(config: PreTrainConfig, collator) -> dict:
+    """What a UL2 run draws from, for its checkpoints; other objectives record nothing."""
+    if config.objective != "ul2":
+        return {}
+    return denoisers.describe(collator.denoisers, collator.rates, collator.input_length)
+
+
 def build_mixture_collator(config: PreTrainConfig, tokenizer) -> denoisers.DataCollatorForDenoiserMixture:
     """--objective ul2: UL2's mixture of denoisers, or the one --denoisers lists; each batch row draws its own."""
-    mixture, rates = read_mixture(config.denoisers)
+    mixture, rates = denoisers.read_mixture(config.denoisers)
     missing = denoisers.missing_mode_tokens(tokenizer, mixture)
     if missing:
         raise UsageError(
@@ -172,19 +181,6 @@ def _builds(build, input_length: int) -> bool:
     except ValueError:
         return False
     return True
-
-
-def read_mixture(path: str | None) -> tuple[tuple[denoisers.Denoiser, ...], tuple[float, ...]]:
-    """(denoisers, rates): UL2's seven at equal rates, or the list the --denoisers YAML file holds."""
-    if path is None:
-        return denoisers.parse_mixture("ul2")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return denoisers.parse_mixture(yaml.safe_load(f))
-    except OSError as err:
-        raise UsageError(f"--denoisers {path}: {err.strerror}; pass a YAML file that lists the denoisers") from None
-    except (yaml.YAMLError, ValueError) as err:
-        raise UsageError(f"--denoisers {path}: {str(err).splitlines()[0]}") from None
 
 
 def longest_batch(collator, tokenizer, n: int) -> dict:

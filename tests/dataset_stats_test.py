@@ -15,6 +15,7 @@ from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
 from t5_training.tools import dataset_stats
+import denoisers as dn
 from tests.fixtures import SST2_DIR, TempDirTestCase, sst2_tokenizer_dir
 
 # With the SST-2 tokenizer, "sst2 sentence: the the ... the" (k words) is ▁s st 2 ▁sentence : ,
@@ -184,6 +185,29 @@ class CorpusTest(TempDirTestCase):
         self.assertIn(f"\n  {tokens} tokens make {chunks} chunks of 16 tokens; the last {dropped} tokens are dropped",
                       text)
 
+    def test_ul2_packs_into_the_longest_raw_chunk_and_reports_the_dropped_share(self):
+        path = os.path.join(self.dir, "corpus.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # 210 tokens
+        stats, text = run(["--corpus_file", path, "--tokenizer_name", sst2_tokenizer_dir(), "--objective", "ul2",
+                           "--max_seq_length", "128"])
+        # UL2's seven at 128 inputs: rows read 127 (S) to 248 (X, mean 64, density 0.5) raw tokens, as the collator.
+        read = stats["packing"]["denoiser_raw_lengths"]
+        self.assertEqual(list(read), [d.name for d in dn.UL2_DENOISERS])
+        self.assertEqual((min(read.values()), stats["packing"]["chunk_length"]), (127, 248))
+        self.assertEqual((stats["packing"]["chunks"], stats["packing"]["dropped_tokens"]), (0, 210))
+        self.assertIn("UL2's mixture of 7 denoisers, 128 encoder tokens; rows read 127 to 248 tokens of each chunk, "
+                      "29.7% of the packed tokens dropped at these rates", text)
+        # A --denoisers file implies ul2 and its own lengths: R alone, 127 inputs after the mode token, reads 140.
+        mixture = os.path.join(self.dir, "r.yaml")
+        with open(mixture, "w", encoding="utf-8") as f:
+            f.write('- {name: R, kind: span, mean_noise_span_length: 3, noise_density: 0.15, mode_token: "[NLU]", '
+                    'rate: 1}\n')
+        stats, text = run(["--corpus_file", path, "--tokenizer_name", sst2_tokenizer_dir(), "--denoisers", mixture,
+                           "--max_seq_length", "128"])
+        self.assertEqual((stats["packing"]["chunk_length"], stats["packing"]["chunks"]), (140, 1))
+        self.assertIn("0.0% of the packed tokens dropped", text)
+
 
 class BadInputTest(TempDirTestCase):
 
@@ -197,6 +221,10 @@ class BadInputTest(TempDirTestCase):
         ("corpus_and_task", ["--corpus_file", "x.txt", "--data_dir", SST2_DIR], "--corpus_file reads a pretraining"),
         ("png_folder_missing", ["--png", "{dir}/nowhere/a.png"], "create it first"),
         ("short_target", ["--max_target_length", "1"], "must be at least 2"),
+        ("denoisers_without_ul2", ["--corpus_file", "x.txt", "--denoisers", "m.yaml", "--objective", "prefix_lm"],
+         "--denoisers lists a mixture of denoisers, which --objective prefix_lm is not"),
+        ("denoisers_file_missing", ["--corpus_file", "x.txt", "--tokenizer_name", "{tok}", "--denoisers",
+                                    "{dir}/none.yaml"], "none.yaml: No such file or directory; pass a YAML file"),
     )
     def test_one_line_usage_error(self, argv, message):
         argv = [a.format(tok=sst2_tokenizer_dir(), dir=self.dir) for a in argv]

@@ -18,6 +18,7 @@ import denoisers
 import fine_tune_t5
 import pre_train_t5
 from t5_training import loop, run_dir
+from t5_training.errors import UsageError
 from tests import fixtures
 
 WIKITEXT = [os.path.join(fixtures.SHARED_DATA, "wikitext-2", "tokenized", name) for name in ("valid.txt", "test.txt")]
@@ -145,6 +146,27 @@ class UL2Test(parameterized.TestCase):
                 "--per_device_train_batch_size", "4", "--max_eval_samples", "16"))
         self.assertEqual(sorted(k for k in result["eval"] if k.endswith("/loss")), ["lm/loss", "short/loss"])
 
+    def test_resume_refuses_a_changed_denoisers_file_and_takes_the_same_one(self):
+        with tempfile.TemporaryDirectory() as out:
+            path, run = os.path.join(out, "two.yaml"), os.path.join(out, "run")
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump(TWO_DENOISERS, f)
+            args = pretrain_args(run, "--denoisers", path, "--max_seq_length", "32", "--max_steps", "2",
+                                 "--save_steps", "2", "--per_device_train_batch_size", "4", "--max_eval_samples", "8")
+            pre_train_t5.main(args)
+            saved = run_dir.read_state(run, 2)["mixture"]
+            self.assertEqual(([d["name"] for d in saved["denoisers"]], saved["input_length"]), (["short", "lm"], 32))
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump([{**TWO_DENOISERS[0], "rate": 1}, TWO_DENOISERS[1]], f)
+            more = _drop(args, "--max_steps") + ["--max_steps", "3", "--resume_from_checkpoint", "auto"]
+            with self.assertRaisesRegex(UsageError, "was pretrained on another mixture of denoisers .short 75%, lm 25% "
+                                                    "at 32 tokens. than this run's .short 50%, lm 50% at 32 tokens.; "
+                                                    "resume with its --denoisers file .unchanged."):
+                pre_train_t5.main(more)
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump(TWO_DENOISERS, f)
+            self.assertEqual(pre_train_t5.main(more)["train"]["train_steps"], 3)
+
     def test_auto_find_batch_size_tries_the_longest_targets(self):
         # One row draws one denoiser; the probe still has the longest target any denoiser writes.
         tokenizer = pre_train_t5.load_tokenizer_and_model(pre_train_t5.parse_config(
@@ -233,7 +255,7 @@ def _drop(args, flag):
 
 class ConfigsTest(parameterized.TestCase):
     def test_shipped_mixture_is_ul2s(self):
-        shipped, rates = pre_train_t5.read_mixture(os.path.join(fixtures.REPO, "configs", "denoisers", "ul2.yaml"))
+        shipped, rates = denoisers.read_mixture(os.path.join(fixtures.REPO, "configs", "denoisers", "ul2.yaml"))
         self.assertEqual(shipped, denoisers.UL2_DENOISERS)
         self.assertEqual([r / sum(rates) for r in rates], list(denoisers.UL2_RATES))
 

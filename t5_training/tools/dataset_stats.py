@@ -25,12 +25,14 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
+import denoisers
 from data_collator_t5 import compute_input_and_target_lengths
 from t5_training import corpus, data, reporting
 from t5_training.config import parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
+from t5_training.tools import length_plots
 
 PERCENTILES = (50, 90, 95, 99)
 HISTOGRAM_BINS = 10
@@ -64,7 +66,11 @@ class StatsConfig:
                                                                             "(globs) instead of a task."})
     text_column: str = "text"
     max_seq_length: int = field(default=512, metadata={"help": "Pretraining encoder input length."})
-    objective: Literal["span_corruption", "prefix_lm"] = "span_corruption"
+    objective: Literal["span_corruption", "prefix_lm", "ul2"] | None = field(
+        default=None, metadata={"help": "How pre_train_t5.py packs the corpus: span_corruption (the default), "
+                                        "prefix_lm, or ul2 (UL2's mixture, or the one --denoisers lists)."})
+    denoisers: str | None = field(default=None, metadata={"help": "A YAML mixture of denoisers, as pre_train_t5.py "
+                                                                  "reads it (implies --objective ul2)."})
     noise_density: float = 0.15
     eos_between_documents: bool = field(
         default=False, metadata={"help": "Put an EOS after each document when packing. T5 packs documents end "
@@ -81,6 +87,11 @@ class StatsConfig:
         if self.corpus_file and (self.data_dir or self.train_file or self.validation_file):
             raise UsageError("--corpus_file reads a pretraining corpus: drop --data_dir/--train_file/"
                              "--validation_file, or drop --corpus_file to inspect a task")
+        if self.objective is None:  # as pre_train_t5.py: a --denoisers file implies its mixture
+            object.__setattr__(self, "objective", "ul2" if self.denoisers else "span_corruption")
+        if self.denoisers and self.objective != "ul2":
+            raise UsageError(f"--denoisers lists a mixture of denoisers, which --objective {self.objective} is not; "
+                             "drop --objective (or pass --objective ul2)")
         if self.max_seq_length < 8 or not 0 < self.noise_density < 1 or self.mean_noise_span_length < 1:
             raise UsageError("--max_seq_length must be >= 8, --noise_density in (0, 1), "
                              "--mean_noise_span_length >= 1")
@@ -101,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if config.json:
         reporting.write_json(config.json, stats)
     if config.png:
-        save_histograms(config.png, stats)
+        length_plots.save_histograms(config.png, stats)
     return stats
 
 
@@ -149,6 +160,7 @@ def task_stats(config: StatsConfig, tokenizer) -> dict:
 
 def corpus_stats(config: StatsConfig, tokenizer) -> dict:
     """Document lengths of a pretraining corpus and the chunks pre_train_t5.py would pack them into."""
+    chunk, how, read = packing(config)  # first: a bad --denoisers file fails before any text is read
     files = corpus.expand_files(config.corpus_file, "--corpus_file")
     documents = corpus.load_documents(files, None, None, "train", config.text_column, streaming=False)
     if config.max_samples:
@@ -157,13 +169,6 @@ def corpus_stats(config: StatsConfig, tokenizer) -> dict:
                                                                                             config.eos_between_documents)},
                               batched=True, remove_columns=documents.column_names)
     lengths = _lengths(tokenized, "input_ids")
-    if config.objective == "prefix_lm":
-        chunk, how = config.max_seq_length - 1, "prefix LM: split into input and target"
-    else:
-        chunk = compute_input_and_target_lengths(config.max_seq_length, config.noise_density,
-                                                 config.mean_noise_span_length)[0]
-        how = (f"span corruption at {config.noise_density:g} noise, mean span {config.mean_noise_span_length:g}: "
-               f"{config.max_seq_length} encoder tokens")
     total = int(lengths.sum())
     return {
         "title": f"corpus {' '.join(config.corpus_file)}: {len(files)} file{'s' * (len(files) != 1)}",
@@ -171,8 +176,30 @@ def corpus_stats(config: StatsConfig, tokenizer) -> dict:
         "counted": "tokens of each document plus the EOS that separates packed documents",
         "splits": {"corpus": {"document": length_stats(lengths, chunk, None)}},
         "packing": {"chunk_length": chunk, "objective": how, "tokens": total, "chunks": total // chunk,
-                    "dropped_tokens": total % chunk},
+                    "dropped_tokens": total % chunk, **({"denoiser_raw_lengths": read} if read else {})},
     }
+
+
+def packing(config: StatsConfig) -> tuple[int, str, dict | None]:
+    """(chunk length, how the objective uses a chunk, raw tokens each denoiser reads or None), as pre_train_t5.py packs."""
+    read = None
+    if config.objective == "prefix_lm":
+        chunk, how = config.max_seq_length - 1, "prefix LM: split into input and target"
+    elif config.objective == "ul2":
+        mixture, rates = denoisers.read_mixture(config.denoisers)
+        read = dict(zip((d.name for d in mixture), denoisers.mixture_lengths(config.max_seq_length, mixture)[0]))
+        chunk = max(read.values())
+        # Each row reads the first tokens its own denoiser needs and drops the rest of its chunk.
+        kept = sum(r * n for r, n in zip(rates, read.values())) / sum(rates) / chunk
+        how = (f"{'UL2' if config.denoisers is None else config.denoisers}'s mixture of {len(mixture)} denoisers, "
+               f"{config.max_seq_length} encoder tokens; rows read {min(read.values())} to {chunk} tokens of "
+               f"each chunk, {100 * (1 - kept):.1f}% of the packed tokens dropped at these rates")
+    else:
+        chunk = compute_input_and_target_lengths(config.max_seq_length, config.noise_density,
+                                                 config.mean_noise_span_length)[0]
+        how = (f"span corruption at {config.noise_density:g} noise, mean span {config.mean_noise_span_length:g}: "
+               f"{config.max_seq_length} encoder tokens")
+    return chunk, how, read
 
 
 def _lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
@@ -291,48 +318,6 @@ def _rows(rows: int, percent: float, noun: str = "rows") -> str:
 def _percent(value: float) -> str:
     # "0.00%" would hide the one long row a user is looking for.
     return "<0.01%" if 0 < value < 0.005 else f"{value:.2f}%"
-
-
-def save_histograms(path: str, stats: dict) -> None:
-    """One panel per split and column, with the planned and suggested max lengths; written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on clusters and CI
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    splits = stats["splits"]
-    n_columns = max(len(columns) for columns in splits.values())
-    fig, axes = plt.subplots(len(splits), n_columns, figsize=(6 * n_columns, 3.2 * len(splits)), squeeze=False)
-    for row, (split, columns) in zip(axes, splits.items()):
-        for ax, (column, s) in zip(row, columns.items()):
-            ax.stairs(s["histogram"]["counts"], s["histogram"]["edges"], fill=True, alpha=0.7)
-            limits = {f"{s['flag'] or 'chunk'} {s['max_length']}": s["max_length"]}
-            if s["flag"]:
-                limits[f"suggested {s['suggested_length']}"] = s["suggested_length"]
-            right = max(s["histogram"]["edges"][-1], s.get("suggested_length", 0))
-            for (label, x), style in zip(limits.items(), ("--", ":")):
-                # A limit far beyond the data would squash the bars into one corner: name it instead.
-                if x <= 1.5 * right:
-                    ax.axvline(x, color="black", linestyle=style, label=label)
-                    right = max(right, x)
-                else:
-                    ax.plot([], [], " ", label=f"{label} (off the axis)")
-            ax.set_xlim(0, right * 1.05)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_title(f"{split} {column}: {s['rows']:,} rows, p99 {s['p99']}, max {s['max']}")
-            ax.set_xlabel("tokens")
-            ax.set_ylabel("rows")
-            ax.legend(fontsize="small")
-    fig.tight_layout()
-    tmp = f"{path}.tmp"
-    try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, path)  # a reader never sees half an image
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 if __name__ == "__main__":

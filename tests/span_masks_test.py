@@ -1,0 +1,44 @@
+"""Tests for t5_training.span_masks: T5 noise masks for rows of different lengths at once."""
+
+from absl.testing import absltest
+import numpy as np
+
+import data_collator_t5 as dc
+from t5_training import span_masks
+
+
+class RaggedMasksTest(absltest.TestCase):
+
+    def test_ragged_masks_exact_counts_per_row(self):
+        # Rows of every UL2 span denoiser's 512 chunk, plus tiny and dense ones, in one call.
+        shapes = [(567, 85, 28), (587, 88, 11), (765, 382, 127), (906, 453, 57), (599, 90, 1), (1004, 502, 8),
+                  (2, 1, 1), (10, 8, 2), (10, 5, 5)]  # (length, noise, spans); (10, 5, 5): every gap cut
+        pick = np.random.default_rng(0).integers(0, len(shapes), 3_000)
+        length, noise, spans = (np.asarray(shapes)[pick, i] for i in range(3))
+        flat = span_masks.random_spans_noise_masks(np.random.default_rng(1), length, noise, spans)
+        self.assertEqual(flat.shape, (length.sum(),))
+        inside = np.arange(1004) < length[:, None]
+        mask = np.zeros(inside.shape, dtype=bool)
+        mask[inside] = flat
+        starts = mask & ~np.pad(mask[:, :-1], ((0, 0), (1, 0)))
+        np.testing.assert_array_equal(mask.sum(1), noise)
+        np.testing.assert_array_equal(starts.sum(1), spans)
+        self.assertFalse(mask[:, 0].any())  # kept text first, noise last, as T5's
+        self.assertTrue(mask[np.arange(len(mask)), length - 1].all())
+
+    def test_ragged_masks_are_uniform_like_t5s(self):
+        # 5 noise and 5 kept items in 3 spans each: 6 x 6 masks, each as likely, beside rows of other shapes.
+        rows = 72_000
+        length = np.where(np.arange(rows) % 2 == 0, 10, 300)
+        noise, spans = np.where(length == 10, 5, 150), np.where(length == 10, 3, 40)
+        flat = span_masks.random_spans_noise_masks(np.random.default_rng(2), length, noise, spans)
+        mask = np.stack([row for row in np.split(flat, np.cumsum(length)[:-1]) if len(row) == 10])
+        _, counts = np.unique(mask, axis=0, return_counts=True)
+        self.assertLen(counts, 36)
+        self.assertLess(np.abs(counts / len(mask) - 1 / 36).max(), 0.005)
+        reference = dc.random_spans_noise_mask(rows // 2, 10, 0.5, 5 / 3, np.random.default_rng(3))
+        self.assertEqual({row.tobytes() for row in mask}, {row.tobytes() for row in reference})
+
+
+if __name__ == "__main__":
+    absltest.main()
