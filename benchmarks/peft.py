@@ -26,14 +26,18 @@ import sys
 # does not hide the peft package): importing it puts the repository root on the path for the project's modules.
 from _harness import REPO, child_main, run_child, set_environment  # noqa: E402
 
-# Each method's flags. The learning rates are each method's best in a pilot on SST-2 (1 seed,
-# 1,000 steps, 8,000 rows): full 1e-3; IA3 1e-1 (59.9%; at 3e-2 it stayed at the majority class);
-# LoRA stayed at or near the majority class at every rate and target set tried (q,v at 3e-3, 1e-2,
-# 3e-2 and 1e-1; all linear layers at 1e-3, 3e-3, 1e-2 and 3e-2), although full fine-tuning with the
-# embeddings frozen learns (README, "Parameter-efficient fine-tuning"); prompt tuning 3e-1, Lester et al.'s rate.
+# Each method's flags. The learning rates are each method's best in pilots on SST-2 (seed 0, 1,000
+# steps, 8,000 rows): full 1e-3; IA3 1e-1 (59.9%; at 3e-2 it stayed at the majority class); prompt
+# tuning 3e-1, Lester et al.'s rate. LoRA (2026-11-25, the base pretrained after the tokenizer gained
+# UL2's mode tokens; full fine-tuning 66.63): on all six linear layers a low rate with a large
+# alpha / r wins: r 7, alpha 56, 5e-4: 64.11; r 8, alpha 64, 5e-4: 63.99; r 7, alpha 112, 2.5e-4:
+# 63.65; r 16, alpha 32, 1e-3: 62.84; r 8, alpha 32, 1e-3: 60.55; r 32, alpha 64, 1e-3: 59.29;
+# r 8, alpha 16, 3e-3: 50.92 (majority class). Rank 7, not 8: at r 8 on all six the checkpoint
+# (weights and Adam's moments) is 5.05% of full fine-tuning's, over the 5% goal; r 7 is 4.5%.
 METHODS = {
     "full": ["--learning_rate", "1e-3"],
-    "lora": ["--peft", "lora", "--lora_r", "8", "--lora_alpha", "16", "--learning_rate", "1e-2"],
+    "lora": ["--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--lora_r", "7", "--lora_alpha", "56",
+             "--learning_rate", "5e-4"],
     "ia3": ["--peft", "ia3", "--learning_rate", "1e-1"],
     "prompt_tuning": ["--peft", "prompt_tuning", "--num_virtual_tokens", "20", "--learning_rate", "3e-1"],
 }

@@ -221,11 +221,16 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
         with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
             rows = {row["method"]: row for row in json.load(f)["table"]}
-        # Full fine-tuning trains every weight (the tied embedding once); LoRA r=8 on q and v
-        # trains 8 x (128 + 128) per matrix, 2 per encoder layer and 4 per decoder layer.
+        # Full fine-tuning trains every weight (the tied embedding once); LoRA r=7 on all six linear
+        # layers trains 7 x (d_in + d_out) per matrix: per encoder layer q, k, v, o (128 -> 128), wi
+        # (128 -> 512) and wo (512 -> 128); per decoder layer twice the attention matrices.
         self.assertEqual(rows["full"]["trainable"], sum(p.numel() for p in model.parameters()))
-        self.assertEqual(rows["lora"]["trainable"], 8 * (128 + 128) * (2 * 2 + 2 * 4))
-        self.assertLess(rows["lora"]["checkpoint MiB"], 0.05 * rows["full"]["checkpoint MiB"])
+        self.assertEqual(rows["lora"]["trainable"], 7 * 2 * (4 * 256 + 2 * 640 + 8 * 256 + 2 * 640))
+        # The adapter's checkpoint holds its weights and Adam's two moments (fp32), plus RNG and
+        # schedule state: 8% of full fine-tuning's with this fixture's small vocabulary (4.5% with
+        # the benchmark's t5-tiny, whose embeddings are larger).
+        self.assertGreater(rows["lora"]["checkpoint MiB"], 3 * 4 * rows["lora"]["trainable"] / 2**20)
+        self.assertLess(rows["lora"]["checkpoint MiB"], 0.1 * rows["full"]["checkpoint MiB"])
         self.assertEqual(rows["full"]["vs full (95% interval)"], "+0.00 (+0.00 to +0.00)")
         self.assertLen(rows["lora"]["per seed"].split(), 2)
         self.assertIn("lora", done.stdout)
