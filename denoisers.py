@@ -262,8 +262,10 @@ class DataCollatorForDenoiserMixture:
         if len(rows):
             noise, kept, spans = self._span_counts[ids[rows]].T
             lengths = noise + kept
-            chunks = tokens[rows, :lengths.max()]
-            flat = np.compress((np.arange(chunks.shape[1]) < lengths[:, None]).reshape(-1), chunks.reshape(-1))
+            # Straight from the packed rows: a copy of the span rows first costs as much again.
+            used = np.zeros(tokens.shape, dtype=bool)
+            used[rows] = np.arange(tokens.shape[1]) < lengths[:, None]
+            flat = np.compress(used.reshape(-1), tokens.reshape(-1))
             mask = random_spans_noise_masks(rng, lengths, noise, spans)
             input_ids[rows, 1:] = replace_runs(flat, mask, self.input_length - 1, self.pad_token_id,
                                                self.sentinel_ids, self.eos_token_id, lengths)

@@ -42,7 +42,8 @@ def _ragged_cuts(rng: np.random.Generator, items: np.ndarray, segments: np.ndarr
         chosen.reshape(-1)[picks] = True  # in the first round, exactly the draws: never more than wanted
         missing, first_round = wanted - np.count_nonzero(chosen, axis=1), False
         draws = np.where(missing > 0, 2 * missing + 8, 0)
-    chosen ^= flip[:, None] & (np.arange(width) < gaps[:, None])
+    if flip.any():  # rare: UL2's denoisers never cut more than half the gaps
+        chosen[flip] ^= np.arange(width) < gaps[flip, None]
     return np.flatnonzero(chosen) % width
 
 
