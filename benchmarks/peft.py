@@ -1,6 +1,6 @@
 """Full fine-tuning against LoRA, IA3 and prompt tuning of one pretrained model, side by side in one run.
 
-    python benchmarks/peft.py                        # SST-2, 8,000 labelled rows, 1,000 steps, 3 paired seeds
+    python benchmarks/peft.py                        # SST-2, 8,000 labelled rows, 1,000 steps, 5 paired seeds
     python benchmarks/peft.py --task bbc_topic --labelled 1777    # the demo's BBC News topics
     python benchmarks/peft.py --methods full lora --seeds 0 --steps 100      # quick
     python benchmarks/peft.py --pretrained runs/pt/final     # your own pretrained model (and its tokenizer)
@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pretrain_steps", type=int, default=1200)
     parser.add_argument("--labelled", type=int, default=8000, help="labelled training rows")
     parser.add_argument("--steps", type=int, default=1000, help="fine-tuning steps of 16 rows")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--method_flags", action="append", default=[], metavar="METHOD=FLAGS",
                         help="fine_tune_t5.py flags added to a method's, which they override, e.g. "
                              "'lora=--learning_rate 3e-3 --lora_r 16' (repeatable)")
