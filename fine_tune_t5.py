@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
-    model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path)
+    model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path,
+                           zero3=evaluation.is_zero3(accelerator))
 
     # Every input, test files included, is read and checked before anything is written.
     tasks = agreement.main_process_first(

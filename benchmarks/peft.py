@@ -38,6 +38,10 @@ METHODS = {
     "full": ["--learning_rate", "1e-3"],
     "lora": ["--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--lora_r", "7", "--lora_alpha", "56",
              "--learning_rate", "5e-4"],
+    # DoRA (--use_dora): LoRA's layers and rank with a trained magnitude per output; 1e-3 against 5e-4
+    # in a pilot (seed 0: 65.71 vs 65.02). The magnitudes add 5,632 weights: checkpoint 4.8% of full's.
+    "dora": ["--peft", "lora", "--use_dora", "--lora_target_modules", "q,k,v,o,wi,wo", "--lora_r", "7",
+             "--lora_alpha", "56", "--learning_rate", "1e-3"],
     "ia3": ["--peft", "ia3", "--learning_rate", "1e-1"],
     "prompt_tuning": ["--peft", "prompt_tuning", "--num_virtual_tokens", "20", "--learning_rate", "3e-1"],
 }

@@ -1,6 +1,7 @@
 """Parameter-efficient fine-tuning through peft: LoRA, IA3 and prompt tuning (`--peft`).
 
     accelerate launch fine_tune_t5.py ... --peft lora --lora_r 8 --lora_alpha 16 --lora_target_modules q,v
+    accelerate launch fine_tune_t5.py ... --peft lora --use_dora     # DoRA: LoRA with a trained magnitude
     accelerate launch fine_tune_t5.py ... --peft ia3
     accelerate launch fine_tune_t5.py ... --peft prompt_tuning --num_virtual_tokens 20 --prompt_init vocab
 
@@ -42,6 +43,10 @@ class AdapterConfig:
     lora_r: int = field(default=8, metadata={"help": "LoRA's rank r."})
     lora_alpha: int = field(default=8, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r."})
     lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on LoRA's input."})
+    use_dora: bool = field(
+        default=False, metadata={"help": "LoRA as DoRA (Liu et al. 2024): each targeted weight is split into its "
+                                         "column norms, a trainable magnitude (d_out more parameters per matrix), "
+                                         "and a direction that takes the low-rank update. Merges like LoRA."})
     lora_target_modules: str | None = field(
         default=None, metadata={"help": "Comma list of the linear layers LoRA adapts, e.g. q,k,v,o,wi,wo. "
                                         "Default: peft's for the model type (q,v for T5)."})
@@ -61,6 +66,8 @@ class AdapterConfig:
             raise UsageError(f"--lora_r must be >= 1 and --lora_alpha > 0, got {self.lora_r} and {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise UsageError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.use_dora and self.peft != "lora":
+            raise UsageError(f"--use_dora is a kind of LoRA: pass it with --peft lora, not --peft {self.peft}")
         if self.num_virtual_tokens < 1:
             raise UsageError(f"--num_virtual_tokens must be at least 1, got {self.num_virtual_tokens}")
         if self.peft == "prompt_tuning" and (self.prompt_init == "text") != bool(self.prompt_init_text):
@@ -120,7 +127,7 @@ def peft_config(config: AdapterConfig, model, tokenizer_name: str | None):
         targets = _names(config.lora_target_modules)
         _check_targets(model, "--lora_target_modules", targets)
         return peft.LoraConfig(task_type=task, r=config.lora_r, lora_alpha=config.lora_alpha,
-                               lora_dropout=config.lora_dropout, target_modules=targets)
+                               lora_dropout=config.lora_dropout, target_modules=targets, use_dora=config.use_dora)
     if config.peft == "ia3":
         targets, feedforward = _names(config.ia3_target_modules), _names(config.ia3_feedforward_modules)
         _check_targets(model, "--ia3_target_modules", targets)
@@ -139,10 +146,19 @@ def peft_config(config: AdapterConfig, model, tokenizer_name: str | None):
                                    tokenizer_name_or_path=tokenizer_name if config.prompt_init == "text" else None)
 
 
-def apply(model, config: AdapterConfig, tokenizer_name: str | None = None):
-    """`model` wrapped with the adapter `--peft` names (base weights frozen), or unchanged for `none`."""
+def apply(model, config: AdapterConfig, tokenizer_name: str | None = None, *, zero3: bool = False):
+    """`model` wrapped with the adapter `--peft` names (base weights frozen), or unchanged for `none`.
+
+    `zero3`: the run is under DeepSpeed ZeRO-3, which peft's DoRA cannot run under.
+    """
     if config.peft == "none":
         return model
+    if config.use_dora and zero3:
+        # DoRA reads each frozen weight whole (its column norms) outside the layer's own forward,
+        # where ZeRO-3 holds only this process's shard: peft fails there with an IndexError.
+        raise UsageError("--use_dora does not run under DeepSpeed ZeRO-3, which keeps only a shard of each frozen "
+                         "weight that DoRA must read whole; use ZeRO-2 (accelerate_configs/deepspeed_zero2.yaml) or "
+                         "plain LoRA (drop --use_dora)")
     import peft
 
     adapter = peft_config(config, model, tokenizer_name)

@@ -70,7 +70,7 @@ def make_teacher_forced_evaluator(accelerator, loader, groups: Sequence[str] = (
     return evaluate
 
 
-def _is_zero3(accelerator) -> bool:
+def is_zero3(accelerator) -> bool:
     return (accelerator.distributed_type == DistributedType.DEEPSPEED
             and accelerator.state.deepspeed_plugin.zero_stage == 3)
 
@@ -80,7 +80,7 @@ def resolve_decoding(requested: str, entry, accelerator) -> str:
     # Under ZeRO-3 every process must run the same forward passes, which generation already
     # arranges (synced_gpus) and the scorer's fallback to generation would not.
     closed = kind_of(entry).closed_label_set
-    scorable = closed and not _is_zero3(accelerator)
+    scorable = closed and not is_zero3(accelerator)
     if requested == "score" and not scorable:
         why = "under ZeRO-3" if closed else f"for a {entry.kind} task"
         raise UsageError(f"--eval_decoding score scores label candidates, which does not work {why}; "
@@ -197,7 +197,7 @@ class GreedyDecoder:
             encoder_outputs=BaseModelOutput(last_hidden_state=encoded[rows]), attention_mask=mask[rows],
             max_new_tokens=self.max_new_tokens, num_beams=1, do_sample=False,
             # Under ZeRO-3 every process must run the same number of forward passes.
-            synced_gpus=_is_zero3(self.accelerator),
+            synced_gpus=is_zero3(self.accelerator),
         )
         return generated[:, 1:]  # without the decoder start token
 

@@ -49,6 +49,11 @@ class CountTest(parameterized.TestCase):
          4 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER)),
         # peft's T5 default, q and v: 2 per encoder layer, 4 per decoder layer (self and cross).
         ("lora_default_q_v", ["--peft", "lora"], 8 * (2 * 2 + 2 * 4) * (D_MODEL + INNER)),
+        # DoRA adds a magnitude per output of each adapted matrix: q and v both give INNER outputs.
+        ("dora_default_q_v", ["--peft", "lora", "--use_dora"], (8 * (D_MODEL + INNER) + INNER) * (2 * 2 + 2 * 4)),
+        # On all six: wi's outputs are D_FF wide, every other matrix's D_MODEL (= INNER here).
+        ("dora_all_linear_r4", ["--peft", "lora", "--use_dora", "--lora_r", "4", "--lora_target_modules", ALL_LINEAR],
+         4 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER) + 2 * (5 * D_MODEL + D_FF) + 2 * (9 * D_MODEL + D_FF)),
         # IA3 (peft's T5 default k, v, wo): one scale per output of k and v, per input of wo.
         ("ia3_default", ["--peft", "ia3"], 2 * (2 * INNER + D_FF) + 2 * (4 * INNER + D_FF)),
         ("prompt_tuning", ["--peft", "prompt_tuning", "--num_virtual_tokens", "20"], 20 * D_MODEL),
@@ -83,6 +88,7 @@ class CountTest(parameterized.TestCase):
         ("rank", ["--peft", "lora", "--lora_r", "0"], "--lora_r must be >= 1"),
         ("text_without_text", ["--peft", "prompt_tuning", "--prompt_init", "text"], "go together"),
         ("virtual_tokens", ["--peft", "prompt_tuning", "--num_virtual_tokens", "0"], "at least 1"),
+        ("dora_without_lora", ["--peft", "ia3", "--use_dora"], "--use_dora is a kind of LoRA: pass it with --peft lora"),
     )
     def test_bad_flags_are_refused(self, flags, message):
         with self.assertRaisesRegex(UsageError, message):
@@ -116,9 +122,10 @@ class _SavedBase(parameterized.TestCase):
 
 class ExportTest(_SavedBase):
 
-    @parameterized.named_parameters(("lora", "lora", ["--lora_target_modules", ALL_LINEAR]), ("ia3", "ia3", []))
+    @parameterized.named_parameters(("lora", "lora", ["--lora_target_modules", ALL_LINEAR]), ("ia3", "ia3", []),
+                                    ("dora", "lora", ["--use_dora", "--lora_target_modules", ALL_LINEAR]))
     def test_merged_model_predicts_what_the_adapter_predicts(self, method, flags):
-        out, _ = self.run_fine_tune(method, "--peft", method, *flags)
+        out, _ = self.run_fine_tune(self._testMethodName, "--peft", method, *flags)
         merged = AutoModelForSeq2SeqLM.from_pretrained(os.path.join(out, "final")).eval()
         adapter = PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(self.base),
                                             os.path.join(out, "final", adapters.ADAPTER_DIR)).eval()

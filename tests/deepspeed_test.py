@@ -166,6 +166,35 @@ class LoraZero3Test(Zero3Test):
     EXTRA = ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo", "--lora_r", "4")
 
 
+class DoraZero2Test(Zero2Test):
+    EXTRA = ("--peft", "lora", "--use_dora", "--lora_target_modules", "q,v,wo", "--lora_r", "4")
+
+
+class DoraZero3RefusedTest(absltest.TestCase):
+
+    def test_dora_under_zero3_is_one_line_and_exit_2(self):
+        # peft's DoRA reads each frozen weight whole, which ZeRO-3 partitions: refused before any
+        # training, not an IndexError from inside peft on every process.
+        with tempfile.TemporaryDirectory() as tmp:
+            init = os.path.join(tmp, "init")
+            tokenizer = modeling.load_tokenizer(fixtures.sst2_tokenizer_dir())
+            modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer).save_pretrained(init)
+            tokenizer.save_pretrained(init)
+            out = os.path.join(tmp, "out")
+            command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                       os.path.join(CONFIGS, "deepspeed_zero3.yaml"), "--num_processes", "2", "--mixed_precision",
+                       "no", "--main_process_port", "0", SCRIPT,
+                       *_args(out, init, "--peft", "lora", "--use_dora", "--per_device_train_batch_size", "4")]
+            done = subprocess.run(command, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900,
+                                  cwd=fixtures.REPO)
+            self.assertNotEqual(done.returncode, 0)
+            refusals = [line for line in done.stderr.splitlines() if "--use_dora does not run under DeepSpeed ZeRO-3" in line]
+            self.assertLen(refusals, 1, done.stderr[-3000:])  # printed by the main process
+            self.assertIn("failed (exitcode: 2)", done.stderr)  # both processes stop with the usage error's code
+            self.assertNotIn("IndexError", done.stderr)
+            self.assertFalse(os.path.exists(out) and os.listdir(out))
+
+
 class OffloadTest(_DeepSpeedCase):
 
     def test_offload_with_deepspeed_cpu_adam_trains_like_torch_adamw(self):

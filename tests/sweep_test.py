@@ -119,10 +119,12 @@ class ShippedSweepsTest(parameterized.TestCase):
         self.assertEqual((agent.dataset_name, agent.report_to), (task, "wandb"))
         self.assertIs(type(trial["params"]["learning_rate"]), float)  # not np.float64
         self.assertEqual(agent.learning_rate, trial["params"]["learning_rate"])
-        # Every value a categorical parameter may take is accepted by the script, for the sweep's task(s).
+        # Every value a categorical parameter may take is accepted by the script, beside the sweep's
+        # fixed parameters (which the agent always passes, e.g. --peft=lora for --use_dora).
+        fixed = [f"--{key}={spec['value']}" for key, spec in sweep["parameters"].items() if "value" in spec]
         for name in schema.searched(sweep):
             for value in sweep["parameters"][name].get("values", []):
-                flags = [f"--dataset_name={task}", f"--{name}={value}"]
+                flags = [*fixed, f"--dataset_name={task}", f"--{name}={value}"]
                 self.assertEqual(getattr(parse_config(fine_tune_t5.FineTuneConfig, flags), name), value)
 
 
