@@ -174,15 +174,12 @@ class DoraZero3RefusedTest(absltest.TestCase):
         # peft's DoRA reads each frozen weight whole, which ZeRO-3 partitions: refused before any
         # training, not an IndexError from inside peft on every process.
         with tempfile.TemporaryDirectory() as tmp:
-            init = os.path.join(tmp, "init")
-            tokenizer = modeling.load_tokenizer(fixtures.sst2_tokenizer_dir())
-            modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer).save_pretrained(init)
-            tokenizer.save_pretrained(init)
-            out = os.path.join(tmp, "out")
+            out = os.path.join(tmp, "out")  # refused before training: a fresh tiny model will do
             command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                        os.path.join(CONFIGS, "deepspeed_zero3.yaml"), "--num_processes", "2", "--mixed_precision",
                        "no", "--main_process_port", "0", SCRIPT,
-                       *_args(out, init, "--peft", "lora", "--use_dora", "--per_device_train_batch_size", "4")]
+                       *fixtures.fine_tune_args(out, *COMMON, "--peft", "lora", "--use_dora",
+                                                "--per_device_train_batch_size", "4")]
             done = subprocess.run(command, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900,
                                   cwd=fixtures.REPO)
             self.assertNotEqual(done.returncode, 0)
