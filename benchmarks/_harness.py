@@ -26,7 +26,9 @@ if REPO not in sys.path:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != HERE] + [HERE]
 
-DATA = os.environ.get("SHARED_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+# The real data (GLUE's SST-2, CoLA, MRPC, STS-B; WikiText-2; Tiny Shakespeare): the folder that
+# T5_TRAINING_DATA names, as for the tests (docs/development.md), or ../shared/data beside the checkout.
+DATA = os.environ.get("T5_TRAINING_DATA") or os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
 SST2_DIR = os.path.join(DATA, "SST-2")
 WIKITEXT = [os.path.join(DATA, "wikitext-2", "tokenized", name) for name in ("valid.txt", "test.txt")]
 TINY_CONFIG = os.path.join(REPO, "configs", "t5-tiny.json")

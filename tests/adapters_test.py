@@ -31,7 +31,7 @@ ALL_LINEAR = "q,k,v,o,wi,wo"
 
 def _tiny_model():
     torch.manual_seed(0)
-    return modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.sst2_tokenizer_dir()))
+    return modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.tokenizer_dir()))
 
 
 def _config(*flags):
@@ -59,7 +59,7 @@ class CountTest(parameterized.TestCase):
         ("prompt_tuning", ["--peft", "prompt_tuning", "--num_virtual_tokens", "20"], 20 * D_MODEL),
     )
     def test_trainable_parameters_follow_the_formula(self, flags, expected):
-        model = adapters.apply(_tiny_model(), _config(*flags), fixtures.sst2_tokenizer_dir())
+        model = adapters.apply(_tiny_model(), _config(*flags), fixtures.tokenizer_dir())
         self.assertEqual(_trainable(model), expected)
         # Only the adapter trains: every base weight is frozen.
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -104,7 +104,7 @@ class _SavedBase(parameterized.TestCase):
         cls.tmp = tempfile.mkdtemp()
         cls.base = os.path.join(cls.tmp, "base")
         _tiny_model().save_pretrained(cls.base)
-        modeling.load_tokenizer(fixtures.sst2_tokenizer_dir()).save_pretrained(cls.base)
+        modeling.load_tokenizer(fixtures.tokenizer_dir()).save_pretrained(cls.base)
 
     def run_fine_tune(self, name, *flags):
         out = os.path.join(self.tmp, name)
@@ -116,7 +116,7 @@ class _SavedBase(parameterized.TestCase):
 
     def dev_batch(self):
         tokenizer = modeling.load_tokenizer(self.base)
-        sentences = [f"sst2 sentence: {s}" for s in fixtures.sst2_sentences(12)]
+        sentences = [f"sst2 sentence: {s}" for s in fixtures.sentences(12)]
         return tokenizer(sentences, return_tensors="pt", padding=True)
 
 

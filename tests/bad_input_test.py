@@ -78,14 +78,14 @@ CASES = [
      "step-000004 is incomplete or damaged", "pass an earlier checkpoint or 'auto'"),
     ("damaged_checkpoint", FINE_TUNE, ["--resume_from_checkpoint", "{out}/step-000002"],
      "step-000002 could not be loaded", "pass an earlier checkpoint"),
-    ("mixture_unknown_task", FINE_TUNE, ["--dataset_name", "sst2,colaa", "--data_dir", fixtures.SHARED_DATA],
+    ("mixture_unknown_task", FINE_TUNE, ["--dataset_name", "sst2,colaa", "--data_dir", "{glue}"],
      "unknown task 'colaa' in --dataset_name 'sst2,colaa'", "known: cola, sst2"),
-    # The shared data holds four of GLUE's nine task folders: the other five are named.
-    ("mixture_missing_folder", FINE_TUNE, ["--dataset_name", "all", "--data_dir", fixtures.SHARED_DATA],
+    # The made GLUE folder holds four of GLUE's nine task folders: the other five are named.
+    ("mixture_missing_folder", FINE_TUNE, ["--dataset_name", "all", "--data_dir", "{glue}"],
      "has no folder for qqp (QQP/), mnli (MNLI/), qnli (QNLI/), rte (RTE/), wnli (WNLI/)",
      "leave those tasks out of --dataset_name"),
     ("mixture_temperature_not_positive", FINE_TUNE, ["--dataset_name", "sst2,cola", "--data_dir",
-                                                     fixtures.SHARED_DATA, "--mixing", "temperature",
+                                                     "{glue}", "--mixing", "temperature",
                                                      "--mixing_temperature", "0"],
      "--mixing_temperature must be positive, got 0.0", "T5 used 2, 8 and 256"),
     ("mixture_flags_with_one_task", FINE_TUNE, ["--mixing_cap", "100"],
@@ -126,7 +126,7 @@ class BadInputTest(parameterized.TestCase):
         _write(f"{f}/header_only.csv", "sentence,label\n")
         _write(f"{f}/nan_score.csv", "sentence1,sentence2,label\na cat,a dog,2.5\na man,a car,nan\n")
         # A --data_dir whose training file has a Latin-1 byte on line 3.
-        dev = os.path.join(fixtures.SST2_DIR, "dev.tsv")
+        dev = os.path.join(fixtures.sst2_dir(), "dev.tsv")
         shutil.copy(dev, _write(f"{f}/latin1/dev.tsv", ""))
         _write(f"{f}/latin1/train.tsv", b"sentence\tlabel\ngood film\t1\ncaf\xe9 scene\t0\n")
         # A --data_dir with SST-2's labelled files but not its test file.
@@ -157,7 +157,7 @@ class BadInputTest(parameterized.TestCase):
             # files are not what accelerate wrote.
             _write(os.path.join(out, "step-000004", "model.safetensors"), b"half")
             cls.before[name] = fixtures.snapshot(out)
-            flags = [flag.format(f=f, out=out) for flag in flags]
+            flags = [flag.format(f=f, out=out, glue=fixtures.glue_dir()) for flag in flags]
             # Even with --overwrite_output_dir a refused run must delete or write nothing.
             overwrite = "is not empty" not in problem and "--resume_from_checkpoint" not in flags
             commands.append((script, cls._command(script, flags, out) + ["--overwrite_output_dir"] * overwrite))
@@ -174,7 +174,7 @@ class BadInputTest(parameterized.TestCase):
     def _command(cls, script: str, flags: list[str], out: str) -> list[str]:
         if script == PRE_TRAIN:
             # A flag given again in `flags` wins (argparse keeps the last).
-            args = ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.sst2_tokenizer_dir(),
+            args = ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.tokenizer_dir(),
                     "--train_file", f"{cls.files}/corpus.txt", "--output_dir", out, "--max_steps", "2",
                     "--max_seq_length", "32", *flags]
         else:

@@ -1,6 +1,7 @@
 """The benchmark scripts run: each in --quick mode, as a subprocess, checked through the JSON it writes.
 
-Quick mode checks that a script works, not its speed, so timings are only required to be
+Quick mode checks that a script works, not its speed, so it reads the data the tests make
+(made_data.py, through T5_TRAINING_DATA) rather than the real files, and timings are only required to be
 positive; the values that do not depend on the machine (FLOP counts, chunk counts, the
 collator's own correctness checks) are checked exactly.
 """
@@ -13,7 +14,7 @@ import sys
 from absl.testing import absltest
 
 from t5_training.errors import UsageError
-from tests import fixtures
+from tests import fixtures, made_data
 
 BENCHMARKS = os.path.join(fixtures.REPO, "benchmarks")
 # Offline, and OpenMP threads that sleep rather than spin when idle: on a CI machine shared with
@@ -28,7 +29,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         output = os.path.join(self.dir, "results.json")
         done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), "--quick", "--output", output, *extra],
                               cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, **QUICK_ENV})
+                              env={**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()})
         self.assertEqual(done.returncode, 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         with open(output, encoding="utf-8") as f:
             return json.load(f)
@@ -145,7 +146,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertEqual(set(results["glue_score"]), {"mixture", "alone"})
 
     def test_streaming_memory(self):
-        results = self.run_quick("streaming_memory.py", "--tokenizer", fixtures.sst2_tokenizer_dir())
+        results = self.run_quick("streaming_memory.py", "--tokenizer", fixtures.tokenizer_dir())
         self.assertEqual(results["sizes_mb"], [0.2, 2.0])
         rows = results["rows"]
         self.assertEqual([(r["reader"], r["multiple"]) for r in rows], [("stream", 1.0), ("stream", 10.0)])
@@ -208,7 +209,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         from t5_training import modeling
 
         base = os.path.join(self.dir, "base")
-        tokenizer = modeling.load_tokenizer(fixtures.sst2_tokenizer_dir())
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
         model = modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer)
         model.save_pretrained(base)
         tokenizer.save_pretrained(base)
@@ -217,7 +218,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
                    "lora", "--seeds", "0", "1", "--steps", "3", "--labelled", "24", "--threads", "1",
                    "--output_dir", out, "--study_dir", os.path.join(self.dir, "study")]
         done = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, **QUICK_ENV})
+                              env={**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()})
         self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
         with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
             rows = {row["method"]: row for row in json.load(f)["table"]}
@@ -239,7 +240,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         saved = os.path.join(out, "lora-seed1", "benchmark.json")
         before = os.stat(saved).st_mtime_ns
         again = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                               env={**os.environ, **QUICK_ENV})
+                               env={**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()})
         self.assertEqual(again.returncode, 0, again.stderr[-3000:])
         self.assertEqual(os.stat(saved).st_mtime_ns, before)
         self.assertNotIn("done in", again.stdout)

@@ -25,7 +25,6 @@ from tests import fixtures
 from t5_training import corpus
 from t5_training.errors import UsageError
 
-WIKITEXT = os.path.join(fixtures.SHARED_DATA, "wikitext-2", "tokenized", "valid.txt")  # read in place
 EOS, PAD = 1, 0
 N_DOCS = 500
 
@@ -53,8 +52,8 @@ class CorpusTest(fixtures.TempDirTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.tok = AutoTokenizer.from_pretrained(fixtures.sst2_tokenizer_dir())
-        with open(WIKITEXT, encoding="utf-8") as f:
+        cls.tok = AutoTokenizer.from_pretrained(fixtures.tokenizer_dir())
+        with open(fixtures.corpus_files()[0], encoding="utf-8") as f:
             lines = (line.strip() for line in f)
             cls.lines = list(itertools.islice((line for line in lines if line), N_DOCS))
         assert len(cls.lines) == N_DOCS

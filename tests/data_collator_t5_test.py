@@ -11,7 +11,6 @@ from transformers import AutoTokenizer, T5TokenizerFast
 import data_collator_t5 as dc
 from tests import fixtures
 
-WIKITEXT = os.path.join(fixtures.SHARED_DATA, "wikitext-2", "tokenized", "valid.txt")
 EOS, PAD = 1, 0
 SENTINEL_0 = 999  # <extra_id_0> of the 1000-token test tokenizer; <extra_id_i> = 999 - i
 
@@ -37,8 +36,8 @@ class DataCollatorT5Test(parameterized.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.tok = AutoTokenizer.from_pretrained(fixtures.sst2_tokenizer_dir())
-        with open(WIKITEXT, encoding="utf-8") as f:  # read in place
+        cls.tok = AutoTokenizer.from_pretrained(fixtures.tokenizer_dir())
+        with open(fixtures.corpus_files()[0], encoding="utf-8") as f:
             lines = [line.strip() for _, line in zip(range(1500), f) if line.strip()]
         ids = cls.tok(lines, add_special_tokens=False).input_ids
         cls.stream = np.fromiter((t for row in ids for t in row), dtype=np.int64)

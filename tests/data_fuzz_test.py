@@ -119,7 +119,7 @@ class BadDataNeverTracebacksTest(fixtures.TempDirTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.tokenizer = load_tokenizer(fixtures.sst2_tokenizer_dir())
+        cls.tokenizer = load_tokenizer(fixtures.tokenizer_dir())
 
     @classmethod
     def tearDownClass(cls):

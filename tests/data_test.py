@@ -1,10 +1,8 @@
 """Tests for t5_training.data: reading real GLUE files, bad input, tokenizing, batching, shuffling."""
 
 import collections
-import csv
 import dataclasses
 import functools
-import itertools
 import os
 import tempfile
 import types
@@ -18,7 +16,6 @@ from t5_training import data, modeling, tasks
 from t5_training.tools import tokenizer as tokenizer_lib
 from t5_training.errors import UsageError
 
-DATA = fixtures.SHARED_DATA  # read in place, never copied into the project
 VOCAB_SIZE = 600  # 500 sentencepiece pieces + 100 sentinels
 
 datasets.disable_progress_bars()
@@ -26,7 +23,13 @@ datasets.disable_progress_bars()
 
 @functools.lru_cache(maxsize=None)
 def _load(task, folder):
-    return data.load_splits(tasks.get_entry("glue", task), data_dir=os.path.join(DATA, folder))
+    """A task's splits from the real GLUE files (read in place, never copied into the project)."""
+    return data.load_splits(tasks.get_entry("glue", task), data_dir=fixtures.real_data(folder))
+
+
+def _made(task, folder):
+    """A task's splits from the GLUE-shaped folder the tests make (made_data.py)."""
+    return data.load_splits(tasks.get_entry("glue", task), data_dir=os.path.join(fixtures.glue_dir(), folder))
 
 
 def _write(path, text, encoding="utf-8"):
@@ -59,7 +62,7 @@ class PackageCorpusTest(absltest.TestCase):
 class RealFilesTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
-        # Counts from ../shared/data/README.md.
+        # Counts from the real files (the README of the shared data folder).
         ("sst2", "sst2", "SST-2", 67349, 872, [428, 444]),
         ("cola", "cola", "CoLA", 8551, 1043, [322, 721]),  # no header row
         ("mrpc", "mrpc", "MRPC", 3668, 408, [129, 279]),  # header starts with a BOM
@@ -84,13 +87,15 @@ class RealFilesTest(parameterized.TestCase):
 
     def test_mrpc_first_column_despite_bom(self):
         # "Quality" (the label) is the first column; the BOM would otherwise be part of its name.
-        with open(os.path.join(DATA, "MRPC", "dev.tsv"), "rb") as f:
+        # The made MRPC folder copies the real files' BOM (made_data.py).
+        mrpc = os.path.join(fixtures.glue_dir(), "MRPC")
+        with open(os.path.join(mrpc, "dev.tsv"), "rb") as f:
             self.assertEqual(f.read(11), b"\xef\xbb\xbfQuality\t")
-        self.assertEqual(_load("mrpc", "MRPC")["validation"][0]["label"], 1)
+        self.assertEqual(_made("mrpc", "MRPC")["validation"][0]["label"], 1)
         entry = tasks.get_entry("glue", "mrpc")
         plain_utf8 = dataclasses.replace(entry, local=dataclasses.replace(entry.local, encoding="utf-8"))
         with self.assertRaisesRegex(UsageError, r"no column 'Quality'; columns found: \ufeffQuality, #1 ID"):
-            data.load_splits(plain_utf8, data_dir=os.path.join(DATA, "MRPC"))
+            data.load_splits(plain_utf8, data_dir=mrpc)
 
     def test_cola_columns_by_position(self):
         first = _load("cola", "CoLA")["validation"][0]
@@ -275,20 +280,13 @@ class TableFileTest(fixtures.TempDirTestCase):
             self._load(tasks.get_entry("glue", "sst2"), train, text, extension)
 
 
-def _sst2_sentences(n):
-    with open(os.path.join(DATA, "SST-2", "train.tsv"), encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        next(reader)
-        return [row[0] for row in itertools.islice(reader, n)]
-
-
 class TokenizeTest(parameterized.TestCase):
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         cls._tmp = tempfile.TemporaryDirectory()
-        cls.tok = tokenizer_lib.train_tokenizer(_sst2_sentences(3000), os.path.join(cls._tmp.name, "tok"),
+        cls.tok = tokenizer_lib.train_tokenizer(fixtures.sentences(3000), os.path.join(cls._tmp.name, "tok"),
                                                 VOCAB_SIZE)
 
     @classmethod
@@ -359,7 +357,7 @@ class TokenizeTest(parameterized.TestCase):
 
     def test_build_task_data(self):
         config = types.SimpleNamespace(
-            data_dir=os.path.join(DATA, "SST-2"), train_file=None, validation_file=None, trust_remote_code=False,
+            data_dir=fixtures.sst2_dir(), train_file=None, validation_file=None, trust_remote_code=False,
             max_source_length=128, max_target_length=64, max_train_samples=50, max_eval_samples=40)
         log = []
         task = data.build_task_data(tasks.get_entry("glue", "sst2"), config, self.tok, log.append)
@@ -372,7 +370,7 @@ class TokenizeTest(parameterized.TestCase):
         self.assertEqual(lengths, sorted(lengths, reverse=True))
         self.assertGreater(lengths[0], lengths[-1])
         # idx points back at the row of the file.
-        original = _load("sst2", "SST-2")["validation"]
+        original = _made("sst2", "SST-2")["validation"]
         for row in dev.select(range(0, 40, 7)):
             self.assertEqual(row["source"], "sst2 sentence: " + original[row["idx"]]["sentence"])
             self.assertEqual(row["labels"], self._ids(row["target"]))
@@ -385,18 +383,18 @@ class TokenizeTest(parameterized.TestCase):
     def test_build_task_data_without_training(self):
         # An evaluation-only run tokenizes no training row, but keeps every training label.
         config = types.SimpleNamespace(
-            data_dir=os.path.join(DATA, "SST-2"), train_file=None, validation_file=None, trust_remote_code=False,
+            data_dir=fixtures.sst2_dir(), train_file=None, validation_file=None, trust_remote_code=False,
             max_source_length=128, max_target_length=8, max_train_samples=50, max_eval_samples=8)
         log = []
         task = data.build_task_data(tasks.get_entry("glue", "sst2"), config, self.tok, log.append, train=False)
         self.assertIsNone(task.train)
         self.assertLen(task.evals["validation"], 8)
-        self.assertEqual(collections.Counter(task.train_labels), {0: 29780, 1: 37569})
+        self.assertEqual(collections.Counter(task.train_labels), {0: 600, 1: 600})  # made_data: two topics each
         self.assertEqual([line.split(":")[0] for line in log], ["validation"])
 
     def test_build_task_data_truncated_targets(self):
         config = types.SimpleNamespace(
-            data_dir=os.path.join(DATA, "SST-2"), train_file=None, validation_file=None, trust_remote_code=False,
+            data_dir=fixtures.sst2_dir(), train_file=None, validation_file=None, trust_remote_code=False,
             max_source_length=128, max_target_length=3, max_train_samples=8, max_eval_samples=8)
         log = []
         task = data.build_task_data(tasks.get_entry("glue", "sst2"), config, self.tok, log.append)

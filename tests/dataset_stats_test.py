@@ -16,9 +16,10 @@ from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
 from t5_training.tools import dataset_stats
 import denoisers as dn
-from tests.fixtures import SST2_DIR, TempDirTestCase, sst2_tokenizer_dir
+from tests import made_data
+from tests.fixtures import TempDirTestCase, sst2_dir, tokenizer_dir
 
-# With the SST-2 tokenizer, "sst2 sentence: the the ... the" (k words) is ▁s st 2 ▁sentence : ,
+# With the fixture tokenizer, "sst2 sentence: the the ... the" (k words) is ▁s st 2 ▁sentence : ,
 # k times ▁the, then </s>: 6 + k tokens; a label word is one token plus </s>.
 PREFIX_AND_EOS = 6
 
@@ -39,10 +40,10 @@ class KnownLengthsTest(TempDirTestCase):
         with open(self.file, "w", encoding="utf-8") as f:
             for k in range(1, 101):
                 f.write(json.dumps({"sentence": " ".join(["the"] * k), "label": k % 2}) + "\n")
-        self.args = ["--validation_file", self.file, "--tokenizer_name", sst2_tokenizer_dir()]
+        self.args = ["--validation_file", self.file, "--tokenizer_name", tokenizer_dir()]
 
     def test_tokenizer_counts_as_the_golden_lengths_say(self):
-        tokenizer = load_tokenizer(sst2_tokenizer_dir())
+        tokenizer = load_tokenizer(tokenizer_dir())
         self.assertEqual([len(ids) for ids in tokenizer(["sst2 sentence: the", "sst2 sentence: the the the",
                                                          "negative", "positive"])["input_ids"]],
                          [PREFIX_AND_EOS + 1, PREFIX_AND_EOS + 3, 2, 2])
@@ -142,18 +143,18 @@ class RulesTest(parameterized.TestCase):
 class RealDataTest(TempDirTestCase):
 
     def test_sst2_dev_split_from_data_dir(self):
-        args = ["--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", SST2_DIR, "--splits", "validation",
-                "--tokenizer_name", sst2_tokenizer_dir(), "--max_source_length", "32", "--max_target_length", "8"]
+        args = ["--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", sst2_dir(), "--splits", "validation",
+                "--tokenizer_name", tokenizer_dir(), "--max_source_length", "32", "--max_target_length", "8"]
         stats, text = run(args)
         self.assertEqual(list(stats["splits"]), ["validation"])
         source = stats["splits"]["validation"]["source"]
-        self.assertEqual(source["rows"], 872)
-        self.assertIn("== validation: 872 rows ==", text)
-        self.assertEqual(sum(source["histogram"]["counts"]), 872)
+        self.assertEqual(source["rows"], made_data.SIZES["dev"])
+        self.assertIn(f"== validation: {made_data.SIZES['dev']} rows ==", text)
+        self.assertEqual(sum(source["histogram"]["counts"]), made_data.SIZES["dev"])
         # The same count of cut rows as the training path reports for these lengths.
         entry = get_entry("glue", "sst2")
-        rows = data.load_splits(entry, data_dir=SST2_DIR)["validation"]
-        trained = data.tokenize_split(rows, entry, load_tokenizer(sst2_tokenizer_dir()), 32, 8)
+        rows = data.load_splits(entry, data_dir=sst2_dir())["validation"]
+        trained = data.tokenize_split(rows, entry, load_tokenizer(tokenizer_dir()), 32, 8)
         self.assertGreater(trained.truncated_sources, 0)
         self.assertEqual(source["truncated_rows"], trained.truncated_sources)
         self.assertEqual(stats["splits"]["validation"]["target"]["truncated_rows"], trained.truncated_targets)
@@ -172,7 +173,7 @@ class CorpusTest(TempDirTestCase):
         path = os.path.join(self.dir, "corpus.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # k tokens
-        stats, text = run(["--corpus_file", os.path.join(self.dir, "*.txt"), "--tokenizer_name", sst2_tokenizer_dir(),
+        stats, text = run(["--corpus_file", os.path.join(self.dir, "*.txt"), "--tokenizer_name", tokenizer_dir(),
                            "--objective", "prefix_lm", "--max_seq_length", "17", *flags])
         documents = stats["splits"]["corpus"]["document"]
         self.assertEqual((documents["rows"], documents["min"], documents["max"]), (20, *lengths))
@@ -189,7 +190,7 @@ class CorpusTest(TempDirTestCase):
         path = os.path.join(self.dir, "corpus.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # 210 tokens
-        stats, text = run(["--corpus_file", path, "--tokenizer_name", sst2_tokenizer_dir(), "--objective", "ul2",
+        stats, text = run(["--corpus_file", path, "--tokenizer_name", tokenizer_dir(), "--objective", "ul2",
                            "--max_seq_length", "128"])
         # UL2's seven at 128 inputs: rows read 127 (S) to 248 (X, mean 64, density 0.5) raw tokens, as the collator.
         read = stats["packing"]["denoiser_raw_lengths"]
@@ -203,7 +204,7 @@ class CorpusTest(TempDirTestCase):
         with open(mixture, "w", encoding="utf-8") as f:
             f.write('- {name: R, kind: span, mean_noise_span_length: 3, noise_density: 0.15, mode_token: "[NLU]", '
                     'rate: 1}\n')
-        stats, text = run(["--corpus_file", path, "--tokenizer_name", sst2_tokenizer_dir(), "--denoisers", mixture,
+        stats, text = run(["--corpus_file", path, "--tokenizer_name", tokenizer_dir(), "--denoisers", mixture,
                            "--max_seq_length", "128"])
         self.assertEqual((stats["packing"]["chunk_length"], stats["packing"]["chunks"]), (140, 1))
         self.assertIn("0.0% of the packed tokens dropped", text)
@@ -212,13 +213,13 @@ class CorpusTest(TempDirTestCase):
 class BadInputTest(TempDirTestCase):
 
     @parameterized.named_parameters(
-        ("no_tokenizer", ["--data_dir", SST2_DIR], "no tokenizer: pass --tokenizer_name"),
-        ("unknown_task", ["--dataset_name", "sst3", "--data_dir", SST2_DIR, "--tokenizer_name", "{tok}"],
+        ("no_tokenizer", ["--data_dir", "{sst2}"], "no tokenizer: pass --tokenizer_name"),
+        ("unknown_task", ["--dataset_name", "sst3", "--data_dir", "{sst2}", "--tokenizer_name", "{tok}"],
          "unknown --dataset_name 'sst3'"),
-        ("unknown_split", ["--data_dir", SST2_DIR, "--splits", "dev", "--tokenizer_name", "{tok}"],
+        ("unknown_split", ["--data_dir", "{sst2}", "--splits", "dev", "--tokenizer_name", "{tok}"],
          "unknown --splits 'dev' for glue/sst2; its splits: train, validation"),
         ("missing_tokenizer_folder", ["--tokenizer_name", "{dir}/no-such-tokenizer"], "could not load tokenizer"),
-        ("corpus_and_task", ["--corpus_file", "x.txt", "--data_dir", SST2_DIR], "--corpus_file reads a pretraining"),
+        ("corpus_and_task", ["--corpus_file", "x.txt", "--data_dir", "{sst2}"], "--corpus_file reads a pretraining"),
         ("png_folder_missing", ["--png", "{dir}/nowhere/a.png"], "create it first"),
         ("short_target", ["--max_target_length", "1"], "must be at least 2"),
         ("denoisers_without_ul2", ["--corpus_file", "x.txt", "--denoisers", "m.yaml", "--objective", "prefix_lm"],
@@ -227,14 +228,14 @@ class BadInputTest(TempDirTestCase):
                                     "{dir}/none.yaml"], "none.yaml: No such file or directory; pass a YAML file"),
     )
     def test_one_line_usage_error(self, argv, message):
-        argv = [a.format(tok=sst2_tokenizer_dir(), dir=self.dir) for a in argv]
+        argv = [a.format(tok=tokenizer_dir(), dir=self.dir, sst2=sst2_dir()) for a in argv]
         with self.assertRaisesRegex(UsageError, message.replace("(", r"\(")):
             dataset_stats.main(argv)
 
     def test_cli_exits_2_with_one_line(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            code = run_cli(dataset_stats.main, ["--dataset_name", "sst3", "--tokenizer_name", sst2_tokenizer_dir()])
+            code = run_cli(dataset_stats.main, ["--dataset_name", "sst3", "--tokenizer_name", tokenizer_dir()])
         self.assertEqual(code, 2)
         self.assertEqual(err.getvalue().count("\n"), 1)
         self.assertTrue(err.getvalue().startswith("error: unknown --dataset_name 'sst3'"))

@@ -81,7 +81,7 @@ class _DeepSpeedCase(absltest.TestCase):
         tmp = tempfile.TemporaryDirectory()
         cls.addClassCleanup(tmp.cleanup)
         cls.tmp = tmp.name
-        tokenizer = modeling.load_tokenizer(fixtures.sst2_tokenizer_dir())
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
         torch.manual_seed(0)
         model = modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer)
         cls.init = os.path.join(cls.tmp, "init")

@@ -16,7 +16,7 @@ from absl.testing import absltest
 
 import fine_tune_t5
 from t5_training import data, run_dir
-from tests import fixtures
+from tests import fixtures, made_data
 
 SCRIPT = os.path.join(fixtures.REPO, "fine_tune_t5.py")
 # SST-2 dev: 428 negative, 444 positive.
@@ -31,12 +31,12 @@ def _losses(output_dir):
 class LearnsSst2Test(absltest.TestCase):
     def test_beats_majority_class_on_dev(self):
         with tempfile.TemporaryDirectory() as out:
-            # 400 steps of 64 rows from scratch, batched by length as a user in a hurry would.
+            # 400 steps of 64 rows of the real SST-2 from scratch, batched by length as a user in a hurry would.
             result = fine_tune_t5.main(fixtures.fine_tune_args(
                 out, "--max_train_samples", "30000", "--max_eval_samples", "0", "--max_steps", "400",
                 "--per_device_train_batch_size", "64", "--learning_rate", "5e-4", "--warmup_steps", "30",
                 "--dropout_rate", "0", "--max_source_length", "48", "--logging_steps", "50",
-                "--save_total_limit", "1", "--group_by_length",
+                "--save_total_limit", "1", "--group_by_length", "--data_dir", fixtures.real_data("SST-2"),
             ))
             accuracy = result["eval"]["accuracy"]
             self.assertGreater(accuracy, MAJORITY_ACCURACY + 10, f"dev accuracy {accuracy:.2f}")
@@ -56,7 +56,7 @@ class LearnsSst2Test(absltest.TestCase):
 
 class Seq2SeqTaskTest(absltest.TestCase):
     def test_summarization_from_jsonl_is_scored_with_bleu_and_rouge(self):
-        sentences = fixtures.sst2_sentences(200)
+        sentences = fixtures.sentences(200)
         with tempfile.TemporaryDirectory() as folder:
             paths = {}
             for split, rows in (("train", sentences[:160]), ("dev", sentences[160:])):
@@ -92,7 +92,7 @@ class ModeTokenTest(absltest.TestCase):
 
         with tempfile.TemporaryDirectory() as out, mock.patch.object(data, "tokenize_split", spy):
             results = fine_tune_t5.main(fixtures.fine_tune_args(
-                out, "--max_steps", "2", "--mode_token", "[NLU]", "--do_predict", "--data_dir", fixtures.SST2_DIR))
+                out, "--max_steps", "2", "--mode_token", "[NLU]", "--do_predict", "--data_dir", fixtures.sst2_dir()))
         self.assertLen(split_rows, 3)  # train, validation, test
         for rows in split_rows:
             ids = rows["input_ids"]
@@ -141,7 +141,7 @@ class TwoProcessTest(absltest.TestCase):
                 with open(os.path.join(two, "submission", "SST-2.tsv"), encoding="utf-8") as f:
                     rows = list(csv.reader(f, delimiter="\t"))
                 self.assertEqual(rows[0], ["index", "prediction"])
-                self.assertEqual([row[0] for row in rows[1:]], [str(i) for i in range(1821)])
+                self.assertEqual([row[0] for row in rows[1:]], [str(i) for i in range(made_data.SIZES["test"])])
 
 
 

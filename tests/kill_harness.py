@@ -68,10 +68,10 @@ def fine_tune_scenario(*extra: str) -> Scenario:
 
 
 def pre_train_scenario(data_dir: str, streaming: bool = False, *extra: str) -> Scenario:
-    """Span corruption on a slice of WikiText-2, packed in memory or streamed; `extra` flags such as
+    """Span corruption on a slice of the made corpus, packed in memory or streamed; `extra` flags such as
     another objective's (--objective ul2)."""
-    corpus, held_out = _wikitext_slice(data_dir)
-    args = ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.sst2_tokenizer_dir(),
+    corpus, held_out = _corpus_slice(data_dir)
+    args = ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.tokenizer_dir(),
             "--train_file", corpus, "--validation_file", held_out, "--max_seq_length", "32",
             "--per_device_train_batch_size", "4", "--max_eval_samples", "8", "--optim", "adamw_torch",
             "--learning_rate", "1e-3", "--warmup_steps", "2"]
@@ -81,9 +81,8 @@ def pre_train_scenario(data_dir: str, streaming: bool = False, *extra: str) -> S
     return Scenario(name, "pre_train_t5.py", tuple(args + list(extra)))
 
 
-def _wikitext_slice(folder: str) -> tuple[str, str]:
-    source = os.path.join(fixtures.SHARED_DATA, "wikitext-2", "tokenized", "valid.txt")
-    with open(source, encoding="utf-8") as f:
+def _corpus_slice(folder: str) -> tuple[str, str]:
+    with open(fixtures.corpus_files()[0], encoding="utf-8") as f:
         lines = [line for line in f if line.strip()][:240]
     paths = os.path.join(folder, "corpus.txt"), os.path.join(folder, "held_out.txt")
     for path, part in zip(paths, (lines[:200], lines[200:])):

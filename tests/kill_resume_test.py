@@ -53,7 +53,7 @@ class MixtureKillResumeTest(_KillResumeCase):
         # the same tasks, so its losses, weights and per-task evaluations are bitwise the same, and
         # so is the list of rows it trained on.
         scenario = kill_harness.fine_tune_scenario(
-            "--dataset_name", "sst2,cola,stsb", "--data_dir", fixtures.SHARED_DATA, "--mixing", "temperature",
+            "--dataset_name", "sst2,cola,stsb", "--data_dir", fixtures.glue_dir(), "--mixing", "temperature",
             "--mixing_temperature", "2", "--group_by_length")
         self._check(scenario, ["micro:7:1", "eval:8"])
         with open(os.path.join(self.dir, "reference", mixture.ROWS_FILE), encoding="utf-8") as f:

@@ -36,7 +36,7 @@ class TwoProcessBadInputTest(parameterized.TestCase):
         # One document: the streamed corpus's second reader (process 1) gets none of it.
         cls.one_document = os.path.join(folder, "one.txt")
         with open(cls.one_document, "w") as f:
-            f.write(" ".join(fixtures.sst2_sentences(60)) + "\n")
+            f.write(" ".join(fixtures.sentences(60)) + "\n")
 
     @classmethod
     def tearDownClass(cls):
@@ -44,7 +44,7 @@ class TwoProcessBadInputTest(parameterized.TestCase):
         super().tearDownClass()
 
     def _pretrain_args(self, output_dir):
-        return ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.sst2_tokenizer_dir(),
+        return ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.tokenizer_dir(),
                 "--train_file", self.one_document, "--validation_file", self.one_document, "--streaming",
                 "--max_steps", "3", "--max_seq_length", "32", "--per_device_train_batch_size", "2",
                 "--output_dir", output_dir]

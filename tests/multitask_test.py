@@ -1,7 +1,7 @@
 """A run over several tasks: the GLUE score, the tasks' folders, and fine_tune_t5.py on a real mixture.
 
-The end-to-end cases train the tiny model on SST-2 and CoLA read from their GLUE folders in
-../shared/data, as `--dataset_name sst2,cola --data_dir ../shared/data` does.
+The end-to-end cases train the tiny model on SST-2 and CoLA read from the GLUE-shaped folder the
+tests make (made_data.py), as `--dataset_name sst2,cola --data_dir <GLUE download>` does.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import fine_tune_t5
 from constants import GLUE
 from t5_training import mixture, multitask, run_dir
 from t5_training.errors import UsageError
-from tests import fixtures
+from tests import fixtures, made_data
 
 # Made-up dev scores of a GLUE run, each task's metrics and its loss (which no score counts).
 NINE = {
@@ -65,12 +65,12 @@ class ScoreTest(parameterized.TestCase):
 class TaskDirsTest(fixtures.TempDirTestCase):
 
     def test_each_task_in_its_folder(self):
-        config = SimpleNamespace(data_dir=fixtures.SHARED_DATA)
+        glue = fixtures.glue_dir()
+        config = SimpleNamespace(data_dir=glue)
         dirs = multitask.task_dirs(config, {name: GLUE[name] for name in ("stsb", "cola")})
-        self.assertEqual(dirs, {"stsb": os.path.join(fixtures.SHARED_DATA, "STS-B"),
-                                "cola": os.path.join(fixtures.SHARED_DATA, "CoLA")})
+        self.assertEqual(dirs, {"stsb": os.path.join(glue, "STS-B"), "cola": os.path.join(glue, "CoLA")})
         # One task keeps --data_dir as its own folder.
-        self.assertEqual(multitask.task_dirs(config, {"cola": GLUE["cola"]}), {"cola": fixtures.SHARED_DATA})
+        self.assertEqual(multitask.task_dirs(config, {"cola": GLUE["cola"]}), {"cola": glue})
 
     def test_missing_folders_are_named_in_one_line(self):
         os.makedirs(os.path.join(self.dir, "CoLA"))
@@ -80,7 +80,7 @@ class TaskDirsTest(fixtures.TempDirTestCase):
 
 
 def mixture_args(out: str, *extra: str) -> list[str]:
-    return fixtures.fine_tune_args(out, "--dataset_name", "sst2,cola", "--data_dir", fixtures.SHARED_DATA,
+    return fixtures.fine_tune_args(out, "--dataset_name", "sst2,cola", "--data_dir", fixtures.glue_dir(),
                                    "--max_eval_samples", "24", *extra)
 
 
@@ -110,9 +110,9 @@ class MixtureRunTest(fixtures.TempDirTestCase):
             self.assertStartsWith(lines[1][0], f"{task} sentence: ")
         # Every test row of both tasks, and one zip holding both files.
         with open(os.path.join(out, "submission", "CoLA.tsv"), encoding="utf-8") as f:
-            self.assertLen(f.readlines(), 1 + 1063)
+            self.assertLen(f.readlines(), 1 + made_data.SIZES["test"])
         with open(os.path.join(out, "submission", "SST-2.tsv"), encoding="utf-8") as f:
-            self.assertLen(f.readlines(), 1 + 1821)
+            self.assertLen(f.readlines(), 1 + made_data.SIZES["test"])
         with zipfile.ZipFile(os.path.join(out, "submission.zip")) as archive:
             self.assertEqual(sorted(archive.namelist()), ["CoLA.tsv", "SST-2.tsv"])
 

@@ -1,7 +1,8 @@
 """pre_train_t5.py end to end on real text, and its refusals.
 
-The headline test pretrains the tiny T5 on WikiText-2, checks that held-out loss falls and
-span-token accuracy rises, and fine-tunes the exported model on SST-2.
+The headline test pretrains the tiny T5 on the corpus the tests make (BBC News text, made_data.py),
+checks that held-out loss falls and span-token accuracy rises, and fine-tunes the exported model
+on the made SST-2 folder.
 """
 import os
 import subprocess
@@ -21,7 +22,6 @@ from t5_training import loop, run_dir
 from t5_training.errors import UsageError
 from tests import fixtures
 
-WIKITEXT = [os.path.join(fixtures.SHARED_DATA, "wikitext-2", "tokenized", name) for name in ("valid.txt", "test.txt")]
 SCRIPT = os.path.join(fixtures.REPO, "pre_train_t5.py")
 UL2_NAMES = [d.name for d in denoisers.UL2_DENOISERS]
 # A custom mixture of two denoisers, as a --denoisers file lists it.
@@ -33,8 +33,8 @@ TWO_DENOISERS = [
 
 
 def pretrain_args(output_dir, *extra):
-    return ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.sst2_tokenizer_dir(),
-            "--train_file", *WIKITEXT, "--output_dir", output_dir, "--max_seq_length", "128",
+    return ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.tokenizer_dir(),
+            "--train_file", *fixtures.corpus_files(), "--output_dir", output_dir, "--max_seq_length", "128",
             "--per_device_train_batch_size", "32", "--learning_rate", "1e-2", "--warmup_steps", "50",
             "--max_eval_samples", "64", "--logging_steps", "50", *extra]
 
@@ -60,7 +60,7 @@ class PretrainThenFineTuneTest(absltest.TestCase):
                                                      "--max_seq_length", "64"))
             evals = run_dir.read_state(pt, 120)["evals"]
             self.assertEqual([e["step"] for e in evals], list(range(15, 121, 15)))
-            # Held-out WikiText chunks: loss falls and span-token accuracy rises as pretraining goes on.
+            # Held-out chunks of the corpus: loss falls and span-token accuracy rises as pretraining goes on.
             # (120 steps: 4.23 -> 3.62 and 23.2% -> 33.1% when written; 300 steps of AdamW at 2e-3,
             # this test's recipe before, ended no lower: 4.26 -> 3.63.)
             losses = [e["loss"] for e in evals]
@@ -106,7 +106,8 @@ class ObjectivesTest(parameterized.TestCase):
             args = pretrain_args(out, "--max_steps", "3", "--per_device_train_batch_size", "4", "--streaming",
                                  "--shuffle_buffer_size", "16", "--max_eval_samples", "8")
             i = args.index("--train_file")
-            args[i + 1:i + 3] = [WIKITEXT[1], "--validation_file", WIKITEXT[0]]
+            train, held_out = fixtures.corpus_files()
+            args[i + 1:i + 3] = [train, "--validation_file", held_out]
             result = pre_train_t5.main(args)
             self.assertEqual(result["train"]["train_steps"], 3)
             self.assertIsNone(result["train"]["epoch"])  # a stream has no epochs to count

@@ -1,9 +1,11 @@
 """GLUE leaderboard files (t5_training.submission): reading the test splits, mapping predictions, the files and the zip.
 
 The mapping is checked on hand-made predictions; the files of CoLA, SST-2, MRPC and STS-B come
-from fine_tune_t5.py --do_predict on the real test files in ../shared/data, where a tiny model's
-outputs that name no label fall back to the most frequent training label (STS-B: the mean).
+from fine_tune_t5.py --do_predict on the GLUE-shaped folder the tests make (made_data.py), where a
+tiny model's outputs that name no label fall back to the most frequent training label (STS-B: the
+mean). The real test files are read by test_real_test_files, which skips without them.
 """
+import collections
 import contextlib
 import csv
 import dataclasses
@@ -20,12 +22,12 @@ import datasets
 from absl.testing import absltest, parameterized
 
 import fine_tune_t5
-from t5_training import run_dir, submission
+from t5_training import data, run_dir, submission
 from t5_training.errors import UsageError
 from t5_training.tasks import get_entry, make_formatter
-from tests import fixtures
+from tests import fixtures, made_data
 
-DATA = fixtures.SHARED_DATA
+TEST_ROWS = made_data.SIZES["test"]
 
 
 def _read_lines(path: str) -> list[str]:
@@ -103,7 +105,7 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
                                  "contradiction, the most frequent training label")
 
 
-# The first lines of GLUE's test files, for the tasks whose files are not in ../shared/data.
+# The first lines of GLUE's test files, for the tasks whose files the made folder lacks.
 FAKE_TEST_FILES = {
     "qqp/test.tsv": ["id\tquestion1\tquestion2", "0\tHow do I learn?\tWhat is learning?",
                      "1\tWhy?\tWhy not?"],
@@ -145,7 +147,7 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
                                          "sentence2": "A girl is brushing her hair."}, -1.0),
     )
     def test_real_test_files(self, task, folder, rows, first, unlabelled):
-        test = self._load(task, os.path.join(DATA, folder))["test"]
+        test = self._load(task, fixtures.real_data(folder))["test"]
         self.assertLen(test, rows)
         self.assertEqual(test.column_names, [*get_entry("glue", task).inputs, "label", "index"])
         self.assertEqual(test["index"][:], [str(i) for i in range(rows)])
@@ -230,19 +232,25 @@ def _glue_form(task: str, prediction: str) -> str | None:
     return str(words.index(prediction.strip())) if prediction.strip() in words else None
 
 
-# The most frequent training label (../shared/data/README.md: CoLA 6023 of 8551 acceptable, SST-2 37569
-# of 67349 positive, MRPC 2474 of 3668 equivalent), and for STS-B the mean of the training scores.
-STSB_TRAIN_MEAN = statistics.mean(float(row[-1]) for row in _read_tsv(os.path.join(DATA, "STS-B", "train.tsv"),
-                                                                        csv.QUOTE_NONE)[1:])
-FALLBACK = {"cola": "1", "sst2": "1", "mrpc": "1", "stsb": f"{STSB_TRAIN_MEAN:.3f}"}
+def _fallback(task: str) -> str:
+    """The most frequent training label of the made folder (a tie goes to the lower class), or STS-B's mean score."""
+    folder = os.path.join(fixtures.glue_dir(), FOLDERS[task])
+    labels = data.load_splits(get_entry("glue", task), data_dir=folder)["train"]["label"]
+    if task == "stsb":
+        return f"{statistics.mean(labels):.3f}"
+    counts = collections.Counter(labels)
+    return str(max(sorted(counts), key=counts.get))
+
+
+FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B"}
 
 
 def run_script(out: str, task: str, folder: str, *flags: str) -> tuple[dict, str]:
-    """fine_tune_t5.main on a real GLUE task with the tiny model, and what it printed."""
+    """fine_tune_t5.main on a made GLUE task with the tiny model, and what it printed."""
     args = fixtures.fine_tune_args(out, "--max_source_length", "32", "--per_device_eval_batch_size", "128",
                                    "--save_total_limit", "1", *flags)
     args[args.index("--dataset_name") + 1] = task
-    args[args.index("--data_dir") + 1] = os.path.join(DATA, folder)
+    args[args.index("--data_dir") + 1] = os.path.join(fixtures.glue_dir(), folder)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         result = fine_tune_t5.main(args)
@@ -250,7 +258,7 @@ def run_script(out: str, task: str, folder: str, *flags: str) -> tuple[dict, str
 
 
 class SubmissionFilesTest(parameterized.TestCase):
-    """The files fine_tune_t5.py --do_predict writes for the four GLUE tasks whose test files are here."""
+    """The files fine_tune_t5.py --do_predict writes for the four GLUE tasks of the made folder."""
 
     def check_task_file(self, out: str, task: str, folder: str, name: str, rows: int, result: dict, printed: str):
         """Rows, header, index order and label form of one task's file, its zip, and the fallback count printed."""
@@ -259,13 +267,14 @@ class SubmissionFilesTest(parameterized.TestCase):
         self.assertEqual(lines[0], "index\tprediction")
         self.assertLen(lines, rows + 1)  # every test row, whatever --max_eval_samples
         written = [line.split("\t") for line in lines[1:]]
-        test_file = _read_tsv(os.path.join(DATA, folder, "test.tsv"), csv.QUOTE_NONE)
+        test_file = _read_tsv(os.path.join(fixtures.glue_dir(), folder, "test.tsv"), csv.QUOTE_NONE)
         self.assertEqual([index for index, _ in written], [row[0] for row in test_file[1:]])
         # What the model really said, row by row, against what was written for it.
         predicted = [row[1] for row in _read_tsv(os.path.join(out, "predictions_test.tsv"))[1:]]
         expected = [_glue_form(task, text) for text in predicted]
         unmapped = expected.count(None)
-        self.assertEqual([value for _, value in written], [e or FALLBACK[task] for e in expected])
+        fallback = _fallback(task)
+        self.assertEqual([value for _, value in written], [e or fallback for e in expected])
         for _, value in written:
             if task == "stsb":
                 self.assertTrue(0.0 <= float(value) <= 5.0 and re.fullmatch(r"\d\.\d{3}", value), value)
@@ -273,7 +282,7 @@ class SubmissionFilesTest(parameterized.TestCase):
                 self.assertIn(value, ("0", "1"))
         why = "the training mean" if task == "stsb" else "the most frequent training label"
         self.assertIn(f"{path}: {rows} rows; {unmapped} predictions matched no label and were written as "
-                      f"{FALLBACK[task]}, {why}\n", printed)
+                      f"{fallback}, {why}\n", printed)
         self.assertEqual(result["predict"], {name: {"rows": rows, "unmapped": unmapped},
                                              "zip": os.path.join(out, "submission.zip")})
         with zipfile.ZipFile(os.path.join(out, "submission.zip")) as archive:
@@ -284,9 +293,9 @@ class SubmissionFilesTest(parameterized.TestCase):
         return unmapped
 
     @parameterized.named_parameters(
-        ("cola", "cola", "CoLA", "CoLA.tsv", 1063),
-        ("mrpc", "mrpc", "MRPC", "MRPC.tsv", 1725),
-        ("stsb", "stsb", "STS-B", "STS-B.tsv", 1379),
+        ("cola", "cola", "CoLA", "CoLA.tsv", TEST_ROWS),
+        ("mrpc", "mrpc", "MRPC", "MRPC.tsv", TEST_ROWS),
+        ("stsb", "stsb", "STS-B", "STS-B.tsv", TEST_ROWS),
     )
     def test_after_training(self, task, folder, name, rows):
         with tempfile.TemporaryDirectory() as out:
@@ -300,13 +309,13 @@ class SubmissionFilesTest(parameterized.TestCase):
             # A few steps at a high rate: the model answers with a label word, so rows map.
             result, printed = run_script(trained, "sst2", "SST-2", "--max_steps", "6", "--learning_rate", "3e-3",
                                          "--do_predict")
-            unmapped = self.check_task_file(trained, "sst2", "SST-2", "SST-2.tsv", 1821, result, printed)
-            self.assertLess(unmapped, 1821)
+            unmapped = self.check_task_file(trained, "sst2", "SST-2", "SST-2.tsv", TEST_ROWS, result, printed)
+            self.assertLess(unmapped, TEST_ROWS)
             # --do_train false loads the exported model, evaluates and predicts: the same file.
             out = os.path.join(root, "predict")
             model = ["--model_name_or_path", os.path.join(trained, "final"), "--do_train", "false", "--do_predict"]
             again, printed = run_script(out, "sst2", "SST-2", *model)
-            self.check_task_file(out, "sst2", "SST-2", "SST-2.tsv", 1821, again, printed)
+            self.check_task_file(out, "sst2", "SST-2", "SST-2.tsv", TEST_ROWS, again, printed)
             with open(os.path.join(trained, "submission", "SST-2.tsv"), "rb") as a, \
                     open(os.path.join(out, "submission", "SST-2.tsv"), "rb") as b:
                 self.assertEqual(a.read(), b.read())

@@ -15,12 +15,11 @@ from t5_training import data, tasks
 from t5_training.errors import UsageError
 from tests import fixtures
 
-DATA = fixtures.SHARED_DATA  # read in place, never copied into the project
-
 
 @functools.lru_cache(maxsize=None)
 def _validation(task, folder):
-    return data.load_splits(tasks.get_entry("glue", task), data_dir=os.path.join(DATA, folder))["validation"]
+    """The real GLUE dev file (read in place, never copied into the project)."""
+    return data.load_splits(tasks.get_entry("glue", task), data_dir=fixtures.real_data(folder))["validation"]
 
 
 def _format_row(task, ds, i):

@@ -1,8 +1,7 @@
-"""Tests for t5_training.tools.tokenizer (trains one small tokenizer on a tinyshakespeare slice)."""
+"""Tests for t5_training.tools.tokenizer (trains one small tokenizer on 2,000 made sentences)."""
 
 import contextlib
 import io
-import itertools
 import json
 import os
 import tempfile
@@ -16,19 +15,12 @@ from t5_training import modeling
 from t5_training.tools import tokenizer as tokenizer_lib
 from tests import fixtures
 
-SHAKESPEARE = os.path.join(fixtures.SHARED_DATA, "tinyshakespeare", "input.txt")
 VOCAB_SIZE = 500  # 400 sentencepiece pieces (the 3 mode tokens among them) + 100 sentinels
-REAL_LINES = [
-    "First Citizen:",
-    "Before we proceed any further, hear me speak.",
-    "You are all resolved rather to die than to famish?",
-    "We know't, we know't.",
-]
+REAL_LINES = fixtures.sentences(4)  # lines of the training text (BBC News sentences, made_data.py)
 
 
 def _slice(n=2000):
-    with open(SHAKESPEARE, encoding="utf-8") as f:  # read in place, never copied into the project
-        return list(itertools.islice(f, n))
+    return [line + "\n" for line in fixtures.sentences(n)]
 
 
 class TokenizerTest(parameterized.TestCase):
@@ -148,7 +140,7 @@ class TokenizerTest(parameterized.TestCase):
     def test_cli_refuses_non_empty_output_dir(self):
         stderr = io.StringIO()
         with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(stderr):
-            tokenizer_lib.main(["--train_file", SHAKESPEARE, "--output_dir", self.out_dir])
+            tokenizer_lib.main(["--train_file", fixtures.corpus_files()[0], "--output_dir", self.out_dir])
         self.assertEqual(cm.exception.code, 2)
         self.assertIn("--overwrite_output_dir", stderr.getvalue())
 
