@@ -1,0 +1,105 @@
+"""step.train_step on a tiny T5: the gradient it applies is that of the window's token mean, clipped as asked.
+
+AdamW and Adafactor are invariant to a constant gradient scale, and clipping at norm 1 hides one
+too, so a lost factor in the step's scale would not show in a training run's losses. These tests
+read the gradient the optimizer is handed and compare it with one computed by plain autograd.
+"""
+import copy
+
+import torch
+from absl.testing import absltest, parameterized
+from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
+import transformers
+
+from t5_training import losses, step
+from tests import fixtures
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD at lr 0 that keeps a copy of the gradients it is asked to apply."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.applied = []
+
+    def step(self, closure=None):
+        self.applied.append([p.grad.detach().clone() for g in self.param_groups for p in g["params"]])
+        return super().step(closure)
+
+
+def _micro_batch(generator, rows, source_len, target_lens):
+    """A batch as the collator makes it: padded inputs and labels (-100 past each row's target)."""
+    input_ids = torch.randint(2, 32, (rows, source_len), generator=generator)
+    attention_mask = torch.ones(rows, source_len, dtype=torch.long)
+    attention_mask[0, source_len // 2:] = 0  # one padded input row
+    labels = torch.randint(2, 32, (rows, max(target_lens)), generator=generator)
+    for row, length in enumerate(target_lens):
+        labels[row, length:] = -100
+    decoder_input_ids = torch.cat([torch.zeros(rows, 1, dtype=torch.long), labels[:, :-1].clamp(min=0)], dim=1)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+            "decoder_input_ids": decoder_input_ids}
+
+
+def _window():
+    # Micro-batches with 5, 9 and 3 target tokens: the token mean over the window is not the
+    # mean of the micro-batches' means, so weighting by tokens matters as well as the scale.
+    generator = torch.Generator().manual_seed(0)
+    return [_micro_batch(generator, 2, 6, (2, 3)), _micro_batch(generator, 3, 5, (4, 4, 1)),
+            _micro_batch(generator, 1, 7, (3,))]
+
+
+class TrainStepGradientTest(parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        torch.manual_seed(0)
+        # No dropout: the reference pass below must compute the same function.
+        self.model = transformers.T5ForConditionalGeneration(fixtures.tiny_t5_config(dropout_rate=0.0))
+        self.window = _window()
+        # The reference: d(summed loss / target tokens)/dW over the whole window, by plain autograd.
+        reference = copy.deepcopy(self.model)
+        tokens = sum(int((b["labels"] != -100).sum()) for b in self.window)
+        self.assertEqual(tokens, 17)
+        (sum(losses.forward_loss_sum(reference, b) for b in self.window) / tokens).backward()
+        self.expected = [p.grad.detach().clone() for p in reference.parameters()]
+        self.expected_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                                   for g in self.expected])).item()
+
+    def _applied_gradient(self, max_grad_norm):
+        """The gradient train_step hands the optimizer for the window, accumulated over its 3 micro-batches."""
+        accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=len(self.window), sync_with_dataloader=False, adjust_scheduler=False))
+        model, optimizer = accelerator.prepare(self.model, _RecordingSGD(self.model.parameters()))
+        counts = step.window_counts(accelerator, self.window, stop_requested=False)
+        self.assertEqual(counts.tolist()[:2], [17.0, 6.0])  # target tokens, samples
+        loss = step.train_step(accelerator, model, optimizer, self.window, counts, max_grad_norm, step=1)
+        self.assertTrue(torch.isfinite(loss))
+        self.assertLen(optimizer.optimizer.applied, 1)  # one optimizer step for the whole window
+        return optimizer.optimizer.applied[0]
+
+    def _norm(self, grads):
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+    @parameterized.named_parameters(("zero", 0.0), ("far_above_the_norm", 1e6))
+    def test_unclipped_gradient_is_that_of_the_window_token_mean(self, max_grad_norm):
+        # accelerator.backward divides each micro-batch's loss by the 3 accumulation steps; the
+        # step's scale multiplies that back. Were the factor lost, every gradient here would be a
+        # third of the reference, which AdamW and Adafactor (scale invariant) would never show.
+        applied = self._applied_gradient(max_grad_norm)
+        self.assertGreater(self.expected_norm, 0.0)
+        for got, want in zip(applied, self.expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+        self.assertAlmostEqual(self._norm(applied), self.expected_norm, delta=1e-4 * self.expected_norm)
+
+    def test_gradient_above_max_grad_norm_is_clipped_to_it(self):
+        # Clipped to half its norm: the same direction, every element halved, norm exactly the limit.
+        limit = self.expected_norm / 2
+        applied = self._applied_gradient(limit)
+        self.assertAlmostEqual(self._norm(applied), limit, delta=1e-4 * limit)
+        for got, want in zip(applied, self.expected, strict=True):
+            torch.testing.assert_close(got, want / 2, rtol=1e-4, atol=1e-7)
+
+
+if __name__ == "__main__":
+    absltest.main()
