@@ -95,6 +95,22 @@ class UpdateRuleTest(parameterized.TestCase):
         _step(param, optimizer, [1.0, -2.0, 4.0])
         torch.testing.assert_close(param.detach(), torch.tensor([-5e-4, 5e-4, -5e-4]))
 
+    @parameterized.named_parameters(
+        # Absolute step: x = (1 - 0.1 * 0.5) x - 0.1 u = 0.95 [3, 4] - 0.1 [1, 1] = [2.75, 3.7].
+        ("absolute_step", False, [2.75, 3.7]),
+        # Relative step: the scale is RMS of x before the decay, lr * sqrt(12.5) = 0.353553, so
+        # x = 0.95 [3, 4] - 0.353553 = [2.496447, 3.446447].
+        ("parameter_scaled_step", True, [2.496447, 3.446447]),
+    )
+    def test_weight_decay_shrinks_by_lr_times_the_rate(self, multiply_by_parameter_scale, expected):
+        # Decoupled decay scaled by the learning rate, as AdamW's: x *= 1 - lr * wd. A decay of
+        # 1 - wd (here 0.5) would halve the weights every step whatever the schedule.
+        param = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+        optimizer = T5Adafactor([param], lr=0.1, weight_decay=0.5,
+                                multiply_by_parameter_scale=multiply_by_parameter_scale)
+        _step(param, optimizer, [1.0, 2.0])  # first step: u = g / |g| = [1, 1], as in the golden test above
+        torch.testing.assert_close(param.detach(), torch.tensor(expected), atol=1e-6, rtol=0)
+
     def test_bf16_weights_are_updated_in_fp32(self):
         param = torch.nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.bfloat16))
         optimizer = T5Adafactor([param], lr=0.1)
