@@ -4,6 +4,7 @@ import os
 import tempfile
 from unittest import mock
 
+import accelerate
 import torch
 from absl.testing import absltest
 
@@ -72,6 +73,22 @@ class SaveTest(absltest.TestCase):
             with self.assertRaisesRegex(DivergedError, "not finite at step 3, so they were not saved"):
                 run_dir.save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
             self.assertEqual(os.listdir(out), [])
+
+    def test_rotation_keeps_the_best_checkpoint_beside_the_newest(self):
+        # save_total_limit 1 keeps only the newest, except the best evaluation's checkpoint, which
+        # `save` passes on from state.best_step: the run's best weights must outlive rotation.
+        with tempfile.TemporaryDirectory() as out:
+            accelerator = accelerate.Accelerator(cpu=True)
+            config = TrainingConfig(output_dir=out, save_total_limit=1)
+            model = torch.nn.Linear(2, 2)
+            for step in (2, 4, 6):
+                run_dir.save(accelerator, config, model, None, loop.TrainState(step=step, best_step=2))
+            # Step 4 (neither the newest nor the best) was rotated away; step 2 survived two saves.
+            self.assertEqual([os.path.basename(p) for p in checkpoint.list_checkpoints(out)],
+                             ["step-000002", "step-000006"])
+            self.assertEqual(sorted(n for n in os.listdir(out) if n.startswith("step-")),
+                             ["step-000002", "step-000006"])
+            self.assertEqual(run_dir.read_state(out, step=2)["best_step"], 2)
 
 
 if __name__ == "__main__":
