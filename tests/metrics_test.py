@@ -157,6 +157,20 @@ class CorrelationTest(parameterized.TestCase):
                                100 * math.sqrt(0.9))
 
     @parameterized.named_parameters(
+        # y = [1,2,4] rises with x but not linearly: ranks agree exactly -> rho = 1, while
+        # Pearson is 3 / sqrt(28/3) = 0.98198 (test_pearson above).
+        ("monotone_not_linear", [1, 2, 3], [1, 2, 4], 100.0),
+        # Ranks of y = [1000,1,10,100] are [4,1,2,3]; d = [-3,1,1,1], sum d^2 = 12;
+        # rho = 1 - 6*12 / (4*(16-1)) = -0.2. Pearson is dominated by the 1000: -1345.5 / sqrt(5 * 701520.75) = -0.718.
+        ("one_large_reference", [1, 2, 3, 4], [1000, 1, 10, 100], -20.0),
+    )
+    def test_spearman_is_pearson_of_the_ranks_not_of_the_values(self, preds, refs, expected):
+        # The tests above use references that are affine in their ranks, where Pearson and
+        # Spearman coincide; here they differ, so Spearman must rank before correlating.
+        self.assertAlmostEqual(metrics.spearman_corrcoef(preds, refs), expected)
+        self.assertGreater(abs(metrics.pearson_corrcoef(preds, refs) - expected), 1.0)
+
+    @parameterized.named_parameters(
         ("pearson_constant_predictions", "pearson_corrcoef", [2.0, 2.0, 2.0], [1, 2, 3]),
         ("spearman_constant_predictions", "spearman_corrcoef", [2.0, 2.0, 2.0], [1, 2, 3]),
         ("pearson_constant_references", "pearson_corrcoef", [1, 2, 3], [4.0, 4.0, 4.0]),
