@@ -61,8 +61,7 @@ def parse_args(argv: list[str] | None) -> RunnerConfig:
 def main(argv: list[str] | None = None) -> list[dict]:
     """Runs --count trials of the sweep (or submits them as a Slurm array); returns the ranked trials."""
     config = parse_args(argv)
-    if engine.sweeps is None:
-        raise UsageError(f"the sweep runner needs W&B's search engine, the sweeps package: {engine.INSTALL_SWEEPS}")
+    engine.require()  # before anything is written: one line naming the install command
     sweep = load_sweep(config.sweep_file)
     check_extra(sweep, config.extra)
     start_sweep(config, sweep)

@@ -6,18 +6,49 @@ hyperband `early_terminate`; here it sees our trials as its SweepRuns.
 from __future__ import annotations
 
 import random
+import sys
 import warnings
 
 import numpy as np
 
-with warnings.catch_warnings():
-    # sweeps 0.3.0 still names pydantic v1 settings; pydantic 2 warns on import and works.
-    warnings.simplefilter("ignore")
-    try:
-        import sweeps
-    except ImportError:  # not a dependency: it pins numpy<2, so it is installed with --no-deps
-        sweeps = None
+from t5_training.errors import UsageError
+
 INSTALL_SWEEPS = "pip install --no-deps sweeps==0.3.0 && pip install jsonschema jsonref"
+MISSING_SWEEPS = ("the sweep runner needs W&B's search engine, the sweeps package, which is not installed: "
+                  + INSTALL_SWEEPS)
+
+
+def _import_sweeps():
+    """W&B's `sweeps` package, or None where it is not installed (it is not a dependency: it pins
+    numpy<2, so it is installed with --no-deps).
+
+    Without it, `import sweeps` from the repository root does not fail: it finds the repository's
+    own sweeps/ folder of YAMLs, which has no __init__.py, as a namespace package (a regular
+    package anywhere on sys.path wins over one, so this happens only when the real one is
+    missing). That module has no file and none of the engine, so it counts as missing too.
+    """
+    with warnings.catch_warnings():
+        # sweeps 0.3.0 still names pydantic v1 settings; pydantic 2 warns on import and works.
+        warnings.simplefilter("ignore")
+        try:
+            import sweeps
+        except ImportError:
+            return None
+    if getattr(sweeps, "__file__", None) is None or not hasattr(sweeps, "next_run"):
+        if sys.modules.get("sweeps") is sweeps:
+            del sys.modules["sweeps"]  # so that a later import looks again rather than reuse the folder
+        return None
+    return sweeps
+
+
+sweeps = _import_sweeps()
+
+
+def require():
+    """The `sweeps` module; a UsageError saying how to install it where it is missing."""
+    if sweeps is None:
+        raise UsageError(MISSING_SWEEPS)
+    return sweeps
 
 # Our trial states, as the search engine sees them. A trial stopped by hyperband has real,
 # if truncated, results: bayes should learn from them, not impute the worst value.
@@ -33,7 +64,7 @@ def propose(sweep: dict, trials: list[dict], seed: int) -> dict | None:
     random.seed(seed * 100003 + len(trials))
     np.random.seed((seed * 100003 + len(trials)) % 2 ** 32)
     try:
-        run = sweeps.next_run(sweep, sweep_runs(sweep, trials), validate=True)
+        run = require().next_run(sweep, sweep_runs(sweep, trials), validate=True)
     finally:
         random.setstate(saved[0])
         np.random.set_state(saved[1])
@@ -49,8 +80,9 @@ def plain(value):
 
 def sweep_runs(sweep: dict, trials: list[dict]) -> list:
     """Trials as the search engine's SweepRuns: config, state, and the metric's history and summary."""
-    return [sweeps.SweepRun(name=t["name"], state=RUN_STATES[t["state"]], history=t["history"],
-                            summary_metrics=t["summary"], config={k: {"value": v} for k, v in t["params"].items()})
+    sweep_run = require().SweepRun
+    return [sweep_run(name=t["name"], state=RUN_STATES[t["state"]], history=t["history"],
+                      summary_metrics=t["summary"], config={k: {"value": v} for k, v in t["params"].items()})
             for t in trials]
 
 
@@ -58,9 +90,9 @@ def should_stop(sweep: dict, trials: list[dict], name: str) -> bool:
     """Whether W&B's hyperband stops trial `name`, given every trial's evaluations so far."""
     if "early_terminate" not in sweep:
         return False
-    return any(run.name == name for run in sweeps.stop_runs(sweep, sweep_runs(sweep, trials)))
+    return any(run.name == name for run in require().stop_runs(sweep, sweep_runs(sweep, trials)))
 
 
 def schema_violations(sweep: dict) -> list:
     """What W&B's schema finds wrong with the sweep (empty: valid)."""
-    return sweeps.schema_violations_from_proposed_config(sweep)
+    return require().schema_violations_from_proposed_config(sweep)
