@@ -114,8 +114,8 @@ class AccumulationTest(absltest.TestCase):
                 # Float32 sums of a step's ~1,000 token terms differ by order 1e-6 of the terms
                 # (4e-7 measured here), and an element whose terms cancel carries the error of
                 # its terms, not of its small value: so the bound is relative to the tensor's
-                # largest gradient, element by element. Miscounting one of a step's ~40 target
-                # tokens would shift every gradient by 2%, a dropped micro-batch or a lost
+                # largest gradient, element by element. Miscounting one of a step's 32 target
+                # tokens would shift every gradient by 3%, a dropped micro-batch or a lost
                 # accumulation factor by tens of percent.
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * b.abs().max().item(),
                                            msg=lambda m: f"step {i}, parameter {j} {tuple(b.shape)}: {m}")
