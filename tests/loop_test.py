@@ -94,6 +94,8 @@ class AccumulationTest(absltest.TestCase):
         # difference left is summation order. Clipping is off: clipping to norm 1, like Adam
         # itself, hides a gradient scaled by a constant (a lost accumulation factor).
         # Without dropout both runs compute the same function of the same 16 rows per step.
+        # (Every SST-2 target is 2 tokens, so a mean per micro-batch would equal the window's
+        # token mean here: this test cannot tell them apart.)
         common = ["--max_steps", "6", "--dropout_rate", "0", "--lr_scheduler_type", "linear", "--warmup_steps", "2",
                   "--learning_rate", "1e-12", "--max_grad_norm", "0"]
         with tempfile.TemporaryDirectory() as accumulated, tempfile.TemporaryDirectory() as big:
