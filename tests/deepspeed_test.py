@@ -134,11 +134,22 @@ class _DeepSpeedCase(absltest.TestCase):
         tiny = AutoConfig.from_pretrained(fixtures.TINY_CONFIG)
         self.assertEqual((model.config.d_model, model.config.num_layers), (tiny.d_model, tiny.num_layers))
         weights, expected = model.state_dict(), plain.state_dict()
+        start = T5ForConditionalGeneration.from_pretrained(self.init).state_dict()
         self.assertEqual(weights.keys(), expected.keys())
         for name, tensor in weights.items():
             self.assertEqual(tensor.shape, expected[name].shape, name)
             self.assertTrue(torch.isfinite(tensor).all(), name)
-            torch.testing.assert_close(tensor, expected[name], rtol=1e-4, atol=5e-5, msg=name)
+            # Compared as a whole tensor against how far training moved it, not element by
+            # element: the two runs sum in other orders (two processes, other padding), and Adam
+            # moves a weight by about lr whatever its gradient, so an element whose gradient is
+            # rounding noise can end up to about 2 x (lr summed over steps) apart, as far as a
+            # whole update. Such elements are few: the difference is about 2 x sqrt(their
+            # fraction) of the update (1e-3 measured on 6 steps of the same model). A model
+            # saved a step early, left unmerged, or not gathered is off by 25% to 100% of it.
+            # A frozen tensor moved by nothing, and must not differ at all.
+            moved = (expected[name] - start[name]).norm().item()
+            off = (tensor - expected[name]).norm().item()
+            self.assertLessEqual(off, 0.05 * moved, f"{name}: |final - plain| {off:.3g}, |plain - init| {moved:.3g}")
         # Generation (under ZeRO-3 with synced_gpus) decoded every dev row once across both processes.
         with open(os.path.join(out, "predictions_validation.tsv"), encoding="utf-8") as f:
             self.assertLen(f.readlines(), 33)
