@@ -23,13 +23,18 @@ QUICK_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARA
              "OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def _quick_env() -> dict:
+    """The environment of a --quick run: offline, passive OpenMP threads, and the made data as T5_TRAINING_DATA."""
+    return {**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()}
+
+
 class BenchmarksTest(fixtures.TempDirTestCase):
 
     def run_quick(self, script: str, *extra: str) -> dict:
         output = os.path.join(self.dir, "results.json")
         done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), "--quick", "--output", output, *extra],
                               cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()})
+                              env=_quick_env())
         self.assertEqual(done.returncode, 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         with open(output, encoding="utf-8") as f:
             return json.load(f)
@@ -218,7 +223,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
                    "lora", "--seeds", "0", "1", "--steps", "3", "--labelled", "24", "--threads", "1",
                    "--output_dir", out, "--study_dir", os.path.join(self.dir, "study")]
         done = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()})
+                              env=_quick_env())
         self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
         with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
             rows = {row["method"]: row for row in json.load(f)["table"]}
@@ -240,14 +245,14 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         saved = os.path.join(out, "lora-seed1", "benchmark.json")
         before = os.stat(saved).st_mtime_ns
         again = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                               env={**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()})
+                               env=_quick_env())
         self.assertEqual(again.returncode, 0, again.stderr[-3000:])
         self.assertEqual(os.stat(saved).st_mtime_ns, before)
         self.assertNotIn("done in", again.stdout)
 
         # Other flags over finished runs: refused in one line that names the change; nothing retrained.
         other = subprocess.run(_with(command, "--steps", "4"), cwd=fixtures.REPO, capture_output=True, text=True,
-                               timeout=600, env={**os.environ, **QUICK_ENV})
+                               timeout=600, env=_quick_env())
         self.assertEqual(other.returncode, 2, other.stderr[-3000:])
         self.assertEqual(other.stderr.strip().splitlines(), [other.stderr.strip()])
         self.assertIn("holds a finished run trained with other flags (--max_steps 3 -> 4)", other.stderr)

@@ -1,4 +1,4 @@
-"""Tests for t5_training.corpus on real WikiText-2 text encoded with the SST-2 test tokenizer.
+"""Tests for t5_training.corpus on English documents (made_data.py) encoded with the fixture tokenizer.
 
 The reference token stream is built here independently of the code under test: each document
 (a non-blank line, stripped) is encoded without special tokens, and joined with no separator as
@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from data_collator_t5 import DataCollatorForT5MLM
-from tests import fixtures
+from tests import fixtures, made_data
 from t5_training import corpus
 from t5_training.errors import UsageError
 
@@ -53,9 +53,7 @@ class CorpusTest(fixtures.TempDirTestCase):
     def setUpClass(cls):
         super().setUpClass()
         cls.tok = AutoTokenizer.from_pretrained(fixtures.tokenizer_dir())
-        with open(fixtures.corpus_files()[0], encoding="utf-8") as f:
-            lines = (line.strip() for line in f)
-            cls.lines = list(itertools.islice((line for line in lines if line), N_DOCS))
+        cls.lines = made_data.documents(N_DOCS)
         assert len(cls.lines) == N_DOCS
         # T5 packs documents end to end: the reference stream is their ids, with no separator.
         cls.docs = cls.tok(cls.lines, add_special_tokens=False).input_ids

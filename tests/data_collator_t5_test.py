@@ -1,4 +1,4 @@
-"""Tests for data_collator_t5 on real WikiText-2 text encoded with the SST-2 test tokenizer."""
+"""Tests for data_collator_t5 on English text (made_data.py) encoded with the fixture tokenizer."""
 
 import os
 from unittest import mock

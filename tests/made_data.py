@@ -57,6 +57,17 @@ def sentences(limit: int) -> list[str]:
     return [text for _, text in bbc_sentences()[:limit]]
 
 
+def documents(n: int) -> list[str]:
+    """n documents of 1 to 6 sentences in turn: short and long ones mixed, as WikiText's lines are,
+    so that document boundaries fall inside a packed chunk."""
+    pool, out, at = sentences(6 * n), [], 0
+    for i in range(n):
+        size = i % 6 + 1
+        out.append(" ".join(pool[at:at + size]))
+        at += size
+    return out
+
+
 def corpus_text(lines: int = 600, sentences_per_line: int = 8) -> str:
     """A pretraining corpus: one paragraph a line, like WikiText's tokenized files."""
     pool = sentences(lines * sentences_per_line)
