@@ -1,5 +1,6 @@
 """Tests for t5_training.errors.run_cli: one line, the exit code, and the process group at exit."""
 import contextlib
+import gc
 import io
 import socket
 
@@ -41,6 +42,19 @@ class RunCliTest(parameterized.TestCase):
             self.assertEqual(run_cli(main, []), code)
         self.assertEqual(stderr.getvalue(), line + "\n")
         self.assertEqual(dist.is_initialized(), still_open)
+
+    @parameterized.parameters(None, UsageError("bad flag"))
+    def test_the_objects_left_at_exit_are_frozen_out_of_the_last_collection(self, error):
+        # Without it, every script's exit spends ~2 s of CPU in the interpreter's last collection.
+        def main(argv):
+            if error:
+                raise error
+
+        self.addCleanup(gc.unfreeze)
+        gc.unfreeze()
+        with contextlib.redirect_stderr(io.StringIO()):
+            run_cli(main, [])
+        self.assertGreater(gc.get_freeze_count(), 0)
 
 
 if __name__ == "__main__":

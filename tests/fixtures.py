@@ -9,8 +9,10 @@ seconds) into a temporary folder.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 import unittest
 from unittest import mock
@@ -63,6 +65,7 @@ def tokenizer_dir(vocab_size: int = 1000) -> str:
     from t5_training.tools.tokenizer import train_tokenizer
 
     path = tempfile.mkdtemp(prefix="fixture-tokenizer-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
     # 100 copies of the label line make "positive" and "negative" one piece each and "sst2 sentence:"
     # the five pieces ▁s st 2 ▁sentence :, as the tests' golden lengths count them (50 leave
     # "negative" in four pieces on this text).

@@ -52,6 +52,11 @@ class Scenario:
                 points.append(f"save:{step}")
         return points
 
+    def position(self, point: str) -> tuple[int, int, int]:
+        """Where a run reaches `point`: by step, then its micro-batches, the evaluation, the save."""
+        site, step, *micro = point.split(":")
+        return int(step), ("micro", "eval", "save").index(site), int(micro[0]) if micro else 0
+
     def expected_resume_step(self, point: str) -> int:
         """The newest checkpoint complete when the kill hits: the last save strictly before the killed step."""
         step = int(point.split(":")[1])
@@ -97,8 +102,9 @@ def _drop_flag(args: list[str], flag: str) -> list[str]:
 
 
 def run_env(kill_at: str | None) -> dict:
+    # Unbuffered: a SIGKILLed run's output would otherwise lose what it printed last (its resume line).
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     env.pop("T5_TRAINING_KILL_AT", None)
     if kill_at:
         env["T5_TRAINING_KILL_AT"] = kill_at
@@ -146,19 +152,38 @@ def reference_run(scenario: Scenario, output_dir: str) -> Outcome:
 
 def kill_and_resume(scenario: Scenario, output_dir: str, point: str) -> Outcome:
     """Runs until `point` kills it, checks the kill and the checkpoint left, resumes, returns the outcome."""
+    return kill_in_turn(scenario, output_dir, [point])
+
+
+def kill_in_turn(scenario: Scenario, output_dir: str, points: list[str]) -> Outcome:
+    """One run killed at each of `points` in the order a run reaches them, resumed with `auto` after
+    each kill, finished by the last resume; returns its outcome.
+
+    Each kill after the first lands in a run that was itself resumed, and the run starts one
+    process per point plus one, instead of two per point.
+    """
     command = scenario.command(output_dir)
-    killed = run(command, kill_at=point)
-    if killed.returncode != -9:
-        raise AssertionError(f"expected SIGKILL at {point}, got exit {killed.returncode}:\n{killed.stderr[-3000:]}")
-    resumed = run(command + ["--resume_from_checkpoint", "auto"])
-    if resumed.returncode != 0:
-        raise AssertionError(f"resume after {point} failed ({resumed.returncode}):\n{resumed.stderr[-3000:]}")
-    match = re.search(r"resumed from \S*step-(\d+) at step (\d+)", resumed.stdout + resumed.stderr)
-    expected = scenario.expected_resume_step(point)
+    resume_step = None  # None: the first run starts fresh
+    ordered = sorted(points, key=scenario.position)
+    for before, point in zip([None] + ordered, ordered + [None]):
+        resuming = [] if resume_step is None else ["--resume_from_checkpoint", "auto"]
+        done = run(command + resuming, kill_at=point)
+        if point is not None and done.returncode != -9:
+            raise AssertionError(f"expected SIGKILL at {point}, got exit {done.returncode}:\n{done.stderr[-3000:]}")
+        if point is None and done.returncode != 0:
+            raise AssertionError(f"resume after {before} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        if resume_step is not None:
+            _check_resumed_at(done, before, resume_step)
+        if point is not None:
+            resume_step = scenario.expected_resume_step(point)
+    return outcome(output_dir)
+
+
+def _check_resumed_at(done: subprocess.CompletedProcess, point: str, expected: int) -> None:
+    match = re.search(r"resumed from \S*step-(\d+) at step (\d+)", done.stdout + done.stderr)
     if not match or int(match.group(2)) != expected:
         raise AssertionError(f"after a kill at {point} the run should resume at step {expected}; "
                              f"it said {match.group(0) if match else 'nothing about resuming'}")
-    return outcome(output_dir)
 
 
 def random_points(scenario: Scenario, n: int, seed: int) -> list[str]:

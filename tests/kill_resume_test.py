@@ -3,8 +3,9 @@
 Bitwise on CPU: the per-step losses (every step, the resumed ones included), the final weights
 and the evaluation results. Both scripts, the pretraining corpus packed in memory and streamed,
 UL2's mixture of denoisers, and a fine-tuning mixture of three GLUE tasks.
-Kill points cover mid-accumulation, mid-evaluation and mid-save; `benchmarks/random_kills.py`
-runs ten random ones per script.
+Kill points cover mid-accumulation, mid-evaluation and mid-save. Each test kills one run at each of
+its points in turn, resuming after every kill, so that later kills land in resumed runs;
+`benchmarks/random_kills.py` runs ten random points per script, each in a fresh run.
 """
 from __future__ import annotations
 
@@ -20,13 +21,11 @@ from tests import fixtures, kill_harness
 class _KillResumeCase(fixtures.TempDirTestCase):
 
     def _check(self, scenario, points):
+        """A run killed at each point in turn (and resumed after each) ends exactly as the reference."""
         reference = kill_harness.reference_run(scenario, os.path.join(self.dir, "reference"))
         self.assertLen(reference.losses, scenario.max_steps)
-        for point in points:
-            with self.subTest(point=point):
-                resumed = kill_harness.kill_and_resume(scenario, os.path.join(self.dir, point.replace(":", "_")),
-                                                       point)
-                self.assertIsNone(kill_harness.first_difference(reference, resumed))
+        resumed = kill_harness.kill_in_turn(scenario, os.path.join(self.dir, "killed"), points)
+        self.assertIsNone(kill_harness.first_difference(reference, resumed))
 
 
 # One class per script: the test runner spreads classes over its workers.
@@ -59,9 +58,8 @@ class MixtureKillResumeTest(_KillResumeCase):
         with open(os.path.join(self.dir, "reference", mixture.ROWS_FILE), encoding="utf-8") as f:
             reference = f.read()
         self.assertLen(reference.splitlines(), 1 + 12 * 2 * 4)
-        for point in ("micro_7_1", "eval_8"):
-            with open(os.path.join(self.dir, point, mixture.ROWS_FILE), encoding="utf-8") as f:
-                self.assertEqual(f.read(), reference, point)
+        with open(os.path.join(self.dir, "killed", mixture.ROWS_FILE), encoding="utf-8") as f:
+            self.assertEqual(f.read(), reference)
 
 
 class PreTrainKillResumeTest(_KillResumeCase):
@@ -113,6 +111,12 @@ class HarnessTest(parameterized.TestCase):
         self.assertTrue(any(p.startswith("eval:") for p in points))
         self.assertTrue(any(p.startswith("save:") for p in points))
         self.assertTrue(all(p in scenario.kill_points() for p in points))
+
+    def test_points_are_killed_in_the_order_a_run_reaches_them(self):
+        scenario = kill_harness.Scenario("x", "x.py", ())
+        points = ["save:6", "eval:8", "micro:8:2", "micro:7:1", "save:8", "micro:8:1"]
+        self.assertEqual(sorted(points, key=scenario.position),
+                         ["save:6", "micro:7:1", "micro:8:1", "micro:8:2", "eval:8", "save:8"])
 
     def test_expected_resume_step(self):
         scenario = kill_harness.Scenario("x", "x.py", (), save_steps=2)
