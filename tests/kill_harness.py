@@ -8,16 +8,21 @@ makes it SIGKILL itself at an exact point, and the resumed run is the same comma
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
+import io
 import os
 import random
 import re
 import subprocess
 import sys
+from unittest import mock
 
 from safetensors.torch import load_file
 
 from t5_training import run_dir
+from t5_training.errors import run_cli
 from tests import fixtures
 
 REPO = fixtures.REPO
@@ -143,7 +148,16 @@ def first_difference(reference: Outcome, other: Outcome) -> str | None:
     return None
 
 
-def reference_run(scenario: Scenario, output_dir: str) -> Outcome:
+def reference_run(scenario: Scenario, output_dir: str, in_process: bool = False) -> Outcome:
+    """The run never killed. `in_process`: run the script's main() in this process (one thread, as the
+    test processes run), sparing the seconds a new process spends importing torch and transformers."""
+    if in_process:
+        module = importlib.import_module(os.path.splitext(scenario.script)[0])
+        with mock.patch.dict(os.environ, run_env(None)), contextlib.redirect_stdout(io.StringIO()):
+            code = run_cli(module.main, scenario.command(output_dir)[2:])
+        if code != 0:
+            raise AssertionError(f"reference run failed ({code})")
+        return outcome(output_dir)
     done = run(scenario.command(output_dir))
     if done.returncode != 0:
         raise AssertionError(f"reference run failed ({done.returncode}):\n{done.stderr[-3000:]}")

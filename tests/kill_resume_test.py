@@ -22,7 +22,7 @@ class _KillResumeCase(fixtures.TempDirTestCase):
 
     def _check(self, scenario, points):
         """A run killed at each point in turn (and resumed after each) ends exactly as the reference."""
-        reference = kill_harness.reference_run(scenario, os.path.join(self.dir, "reference"))
+        reference = kill_harness.reference_run(scenario, os.path.join(self.dir, "reference"), in_process=True)
         self.assertLen(reference.losses, scenario.max_steps)
         resumed = kill_harness.kill_in_turn(scenario, os.path.join(self.dir, "killed"), points)
         self.assertIsNone(kill_harness.first_difference(reference, resumed))
