@@ -195,8 +195,28 @@ def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
 
 
-_SECRET_NAME = re.compile(r"(api_?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted>"
+# Words that make a name secret wherever they stand (AWS_SECRET_ACCESS_KEY, db_password), and the
+# owners of an access token: "token" alone is no secret in a T5 config (tokenizer_name, mode_token,
+# num_virtual_tokens are ordinary flags), but hub_token, HF_TOKEN and GITHUB_TOKEN are.
+_SECRET_WORDS = {"secret", "secrets", "password", "passwd", "credential", "credentials", "apikey"}
+_SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key")}
+_TOKEN_OWNERS = {"hub", "hf", "auth", "access", "api", "bearer", "github", "gh", "gitlab", "wandb", "refresh",
+                 "session", "oauth", "id"}
+
+
+def is_secret_name(name: str, environment: bool = False) -> bool:
+    """Whether a flag (or, with `environment`, an environment variable) is named like a secret.
+
+    An environment variable ending in TOKEN counts whoever owns it (CI_JOB_TOKEN): only its value
+    is looked for, in the values sent. A flag ending in token counts when it names an access token.
+    """
+    words = [word for word in re.split(r"[^a-z0-9]+", name.lower()) if word]
+    if not words:
+        return False
+    if _SECRET_WORDS & set(words) or _SECRET_PAIRS & set(zip(words, words[1:])):
+        return True
+    return words[-1] == "token" and (environment or len(words) == 1 or words[-2] in _TOKEN_OWNERS)
 
 
 def config_for_trackers(config, environ=None) -> dict:
@@ -206,13 +226,13 @@ def config_for_trackers(config, environ=None) -> dict:
     a secret-looking environment variable (WANDB_API_KEY, HF_TOKEN, ...), wherever it was pasted.
     """
     environ = os.environ if environ is None else environ
-    secrets = [value for name, value in environ.items() if _SECRET_NAME.search(name) and len(value) >= 8]
+    secrets = [value for name, value in environ.items() if is_secret_name(name, environment=True) and len(value) >= 8]
 
     def clean(name: str, value):
         if isinstance(value, (list, tuple)):
             # Trackers take scalars (tensorboard's hparams refuses a list): `--train_file a b` is sent as "a, b".
             return ", ".join(str(clean(name, item)) for item in value)
-        if _SECRET_NAME.search(name) and value not in (None, "", False):
+        if is_secret_name(name) and value not in (None, "", False):
             return REDACTED
         if isinstance(value, str) and any(secret in value for secret in secrets):
             return REDACTED

@@ -4,13 +4,15 @@ from __future__ import annotations
 import ast
 import glob
 import os
+import typing
 from unittest import mock
 
-from absl.testing import absltest
+from absl.testing import absltest, parameterized
 
 import fine_tune_t5
 from t5_training import modeling, runtime
-from t5_training.config import REDACTED, ModelConfig, TrainingConfig, config_for_trackers
+import pre_train_t5
+from t5_training.config import REDACTED, ModelConfig, TrainingConfig, config_for_trackers, is_secret_name
 from tests import fixtures
 
 
@@ -115,6 +117,39 @@ class TrackerSecretsTest(absltest.TestCase):
         sent = accelerator.init_trackers.call_args.kwargs["config"]
         self.assertEqual(sent["run_name"], REDACTED)
         self.assertEqual(config_for_trackers(config, environ={})["run_name"], "x")
+
+
+class SecretNameTest(parameterized.TestCase):
+
+    @parameterized.parameters("hub_token", "push_to_hub_token", "token", "auth_token", "wandb_api_key", "api_key",
+                              "apikey", "openai_api_key", "db_password", "client_secret", "private_key",
+                              "aws_secret_access_key", "credentials_file")
+    def test_secret_flag_names(self, name):
+        self.assertTrue(is_secret_name(name))
+
+    @parameterized.parameters("tokenizer_name", "mode_token", "num_virtual_tokens", "max_tokens", "pad_token_id",
+                              "keyword", "key_column", "tokens_per_second", "sentinel_token")
+    def test_ordinary_flag_names(self, name):
+        self.assertFalse(is_secret_name(name))
+
+    @parameterized.parameters(("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("CI_JOB_TOKEN", True),
+                              ("WANDB_API_KEY", True), ("TOKENIZERS_PARALLELISM", False), ("HOME", False))
+    def test_environment_names(self, name, secret):
+        self.assertEqual(is_secret_name(name, environment=True), secret)
+
+    @parameterized.parameters(fine_tune_t5.FineTuneConfig, pre_train_t5.PreTrainConfig)
+    def test_no_flag_of_either_script_is_redacted(self, config_class):
+        import dataclasses
+
+        # Every free-text flag set to a value, the others left at their defaults (non-empty ones
+        # included), then sent as the trackers get it.
+        hints = typing.get_type_hints(config_class)
+        text = [field.name for field in dataclasses.fields(config_class) if hints[field.name] in (str, str | None)]
+        self.assertContainsSubset(["tokenizer_name", "output_dir"], text)
+        config = config_class(**{name: f"value-of-{name}" for name in text})
+        logged = config_for_trackers(config, environ={"HF_TOKEN": "hf_secretvalue"})
+        self.assertEqual([name for name, value in logged.items() if value == REDACTED], [])
+        self.assertEqual(logged["tokenizer_name"], "value-of-tokenizer_name")
 
 
 if __name__ == "__main__":
