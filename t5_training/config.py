@@ -84,8 +84,10 @@ class TrainingConfig:
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     torch_compile_backend: str = field(default="inductor", metadata={"help": "torch.compile backend."})
     auto_find_batch_size: bool = field(
-        default=False, metadata={"help": "Halve the per-device batch until a worst-case step fits in memory, "
-                                         "raising accumulation so the global batch stays the same."}
+        default=False, metadata={"help": "Step the per-device batch down through the divisors of "
+                                         "--per_device_train_batch_size (12: 6, 4, 3, 2, 1) until a worst-case "
+                                         "step fits in memory, raising accumulation by the same factor so the "
+                                         "global batch stays the same."}
     )
 
     def __post_init__(self):

@@ -51,6 +51,14 @@ class FindBatchSizeTest(absltest.TestCase):
         self.assertTrue(torch.equal(torch.get_rng_state(), before), "the probe drew from the global RNG")
         self.assertTrue(all(p.grad is None for p in model.parameters()))
 
+    def test_help_says_it_steps_through_divisors(self):
+        import dataclasses
+
+        # 12 -> 6 -> 4 above: not halving, which from 12 would try 6 and then 3.
+        (field,) = [f for f in dataclasses.fields(TrainingConfig) if f.name == "auto_find_batch_size"]
+        self.assertIn("divisors of --per_device_train_batch_size (12: 6, 4, 3, 2, 1)", field.metadata["help"])
+        self.assertNotIn("Halve", field.metadata["help"])
+
     def test_off_or_fitting_returns_the_same_config(self):
         from accelerate import Accelerator
         accelerator = Accelerator(cpu=True)

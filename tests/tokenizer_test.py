@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import tempfile
 
 from absl.testing import absltest, parameterized
@@ -167,10 +168,44 @@ class TokenizerTest(parameterized.TestCase):
             self.assertLen(tok, 450)
             self.assertEqual(tok.convert_tokens_to_ids(["<extra_id_0>", "[NLU]"]), [449, 3])
             self.assertNotIn(2, tok(REAL_LINES[1]).input_ids)
-            # A missing jsonl field surfaces as the original, readable error.
-            with self.assertRaisesRegex(KeyError, "no 'text' field"):
-                tokenizer_lib.main(["--train_file", os.path.join(corpus, "b.jsonl"),
-                                    "--output_dir", os.path.join(d, "out2")])
+            # A missing jsonl field: one line naming the file, the line and the flag.
+            code, said = self._cli_error(["--train_file", os.path.join(corpus, "b.jsonl"),
+                                          "--output_dir", os.path.join(d, "out2")])
+            self.assertEqual(code, 2)
+            self.assertRegex(said, r"b\.jsonl:1 has no 'text' field; set --text_column")
+
+    def _cli_error(self, argv):
+        """The exit code and the one line on stderr of a refused command."""
+        stderr = io.StringIO()
+        with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(stderr):
+            tokenizer_lib.main(argv)
+        lines = stderr.getvalue().strip().splitlines()
+        self.assertLen(lines, 1, stderr.getvalue())
+        return cm.exception.code, lines[0]
+
+    def test_cli_vocab_below_the_reserved_ids_is_one_line(self):
+        out = os.path.join(self._tmp.name, "small")
+        code, said = self._cli_error(["--train_file", fixtures.corpus_files()[0], "--output_dir", out,
+                                      "--vocab_size", "100"])
+        self.assertEqual(code, 2)
+        self.assertIn("vocab_size=100 must exceed 106", said)
+        self.assertFalse(os.path.exists(out))
+
+    def test_cli_vocab_above_what_the_corpus_gives_names_the_largest_that_trains(self):
+        corpus = os.path.join(self._tmp.name, "short.txt")
+        with open(corpus, "w", encoding="utf-8") as f:
+            f.write("to be or not to be, that is the question\n" * 5)
+        out = os.path.join(self._tmp.name, "large")
+        code, said = self._cli_error(["--train_file", corpus, "--output_dir", out, "--vocab_size", "60000"])
+        self.assertEqual(code, 2)
+        self.assertFalse(os.path.exists(out))
+        most = int(re.search(r"at most (\d+) \(sentinels included\)", said).group(1))
+        # The advice counts the sentinels as --vocab_size does: that size trains, one more does not.
+        with contextlib.redirect_stdout(io.StringIO()):
+            tokenizer_lib.main(["--train_file", corpus, "--output_dir", out, "--vocab_size", str(most)])
+        self.assertLen(AutoTokenizer.from_pretrained(out), most)
+        code, _ = self._cli_error(["--train_file", corpus, "--output_dir", out + "2", "--vocab_size", str(most + 1)])
+        self.assertEqual(code, 2)
 
 
 if __name__ == "__main__":

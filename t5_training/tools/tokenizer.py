@@ -20,6 +20,7 @@ import io
 import itertools
 import json
 import os
+import re
 import tempfile
 from typing import Iterable, Iterator
 
@@ -81,10 +82,13 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
         if errors:
             raise errors[0] from None
         msg = str(e).strip().splitlines()[-1]
-        if "Vocabulary size too high" in msg:
-            raise ValueError(f"vocab_size={vocab_size} is too large for this corpus ({msg}); "
-                             f"the sentinels add {NUM_SENTINELS} on top, use a smaller vocab_size") from None
-        raise
+        most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", msg)
+        if most:
+            # sentencepiece counts its own pieces; --vocab_size counts the 100 sentinels as well.
+            raise ValueError(f"vocab_size={vocab_size} is too large for this corpus: it has room for at most "
+                             f"{int(most.group(1)) + NUM_SENTINELS} (sentinels included); pass a smaller "
+                             f"vocab_size or more text") from None
+        raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} on this corpus: {msg}") from None
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # T5TokenizerFast(vocab_file=...) silently ignores the file in transformers 5, and from_pretrained on
@@ -139,8 +143,11 @@ def main(argv: list[str] | None = None) -> None:
         paths.extend(matched)
     if os.path.isdir(args.output_dir) and os.listdir(args.output_dir) and not args.overwrite_output_dir:
         fail(f"--output_dir {args.output_dir} is not empty; pass --overwrite_output_dir or pick a new dir")
-    tokenizer = train_tokenizer(_read_texts(paths, args.text_column), args.output_dir, args.vocab_size,
-                                input_sentence_size=args.input_sentence_size, seed=args.seed)
+    try:
+        tokenizer = train_tokenizer(_read_texts(paths, args.text_column), args.output_dir, args.vocab_size,
+                                    input_sentence_size=args.input_sentence_size, seed=args.seed)
+    except (KeyError, ValueError) as err:  # a size the corpus cannot give, a missing .jsonl field
+        fail(str(err.args[0]) if err.args else str(err))
     print(f"Trained tokenizer with vocab size {len(tokenizer)} (incl. {NUM_SENTINELS} sentinels and the mode tokens "
           f"{', '.join(MODE_TOKENS)}), "
           f"saved to {args.output_dir}")
