@@ -168,16 +168,28 @@ def describe(denoisers, rates, input_length: int) -> dict:
 
 
 def check_same_mixture(saved: dict, now: dict, path: str) -> None:
-    """Refuses to resume from a checkpoint that drew from another mixture or another input length: its
-    batches, masks and packed chunks would not be the ones an uninterrupted run sees next."""
-    if saved and saved != now:
-        def show(m):
-            total = sum(d["rate"] for d in m.get("denoisers", [])) or 1
-            return ", ".join(f"{d['name']} {100 * d['rate'] / total:.0f}%" for d in m.get("denoisers", [])) + \
-                f" at {m.get('input_length')} tokens"
-        raise UsageError(f"checkpoint {path} was pretrained on another mixture of denoisers ({show(saved)}) than "
-                         f"this run's ({show(now)}); resume with its --denoisers file (unchanged) and --max_seq_length, "
-                         "or start a new run from its weights with --model_name_or_path")
+    """Refuses to resume from a checkpoint that drew from another mixture or another input length, or that
+    UL2 made and another objective resumes (or the other way round; other objectives record no mixture):
+    its batches, masks and packed chunks would not be the ones an uninterrupted run sees next."""
+    if saved == now:
+        return
+
+    def show(m):
+        total = sum(d["rate"] for d in m["denoisers"]) or 1
+        return ", ".join(f"{d['name']} {100 * d['rate'] / total:.0f}%" for d in m["denoisers"]) + \
+            f" at {m['input_length']} tokens"
+
+    new_run = "or start a new run from its weights with --model_name_or_path"
+    if not now:  # span corruption or prefix LM, which draw from no mixture
+        raise UsageError(f"checkpoint {path} was pretrained with --objective ul2 ({show(saved)}) and this run "
+                         f"has another objective; resume with --objective ul2, its --denoisers file (unchanged) "
+                         f"and --max_seq_length, " + new_run)
+    if not saved:
+        raise UsageError(f"checkpoint {path} was pretrained with another objective than this run's --objective ul2 "
+                         f"({show(now)}); resume with the checkpoint's --objective, " + new_run)
+    raise UsageError(f"checkpoint {path} was pretrained on another mixture of denoisers ({show(saved)}) than "
+                     f"this run's ({show(now)}); resume with its --denoisers file (unchanged) and --max_seq_length, "
+                     + new_run)
 
 
 def missing_mode_tokens(tokenizer, denoisers) -> list[str]:

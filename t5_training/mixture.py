@@ -195,14 +195,24 @@ def describe(names: Sequence[str], sampler: MixtureSampler) -> dict:
 
 
 def check_same_mixture(saved: dict, now: dict, path: str) -> None:
-    """Refuses to resume a mixture from a checkpoint that drew from another one: its data position would
-    name other rows. A checkpoint of a single task, or from before mixtures were recorded, records none."""
-    if saved and saved != now:
-        def show(m):
-            return ", ".join(f"{t} {100 * r:.2f}% of {n}" for t, r, n in zip(m["tasks"], m["rates"], m["train_rows"]))
-        raise UsageError(f"checkpoint {path} was trained on another mixture ({show(saved)}) than this run's "
-                         f"({show(now)}); resume with its --dataset_name, mixing flags and --max_train_samples, or "
-                         "start a new run from its weights with --model_name_or_path")
+    """Refuses to resume from a checkpoint whose data position names other rows: one that drew from another
+    mixture, a mixture's resumed as one task, or one task's (which records no mixture) resumed into a mixture."""
+    if saved == now:
+        return
+
+    def show(m):
+        return ", ".join(f"{t} {100 * r:.2f}% of {n}" for t, r, n in zip(m["tasks"], m["rates"], m["train_rows"]))
+
+    fix = ("resume with its --dataset_name, mixing flags and --max_train_samples, or start a new run from its "
+           "weights with --model_name_or_path")
+    if not now:
+        raise UsageError(f"checkpoint {path} was trained on a mixture ({show(saved)}) and this run trains one task; "
+                         + fix)
+    if not saved:
+        raise UsageError(f"checkpoint {path} was trained on one task (it records no mixture) and this run mixes "
+                         f"{show(now)}; " + fix)
+    raise UsageError(f"checkpoint {path} was trained on another mixture ({show(saved)}) than this run's "
+                     f"({show(now)}); " + fix)
 
 
 def write_trained_rows(output_dir: str, names: Sequence[str], sampler: MixtureSampler, epoch: int,

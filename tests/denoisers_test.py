@@ -8,6 +8,7 @@ import yaml
 
 import data_collator_t5 as dc
 import denoisers as dn
+from t5_training.errors import UsageError
 
 EOS, PAD = 1, 0
 MODES = {"[NLU]": 700, "[NLG]": 701, "[S2S]": 702}
@@ -278,6 +279,31 @@ class DenoisersTest(parameterized.TestCase):
         out = dc.replace_runs(np.arange(4), np.array([0, 1, 1, 1], dtype=bool), 3, -100, np.array([99, 98]), EOS,
                               lengths=np.array([2, 2]))
         np.testing.assert_array_equal(out, [[0, 99, EOS], [99, EOS, -100]])
+
+
+class ResumeCheckTest(parameterized.TestCase):
+    """A checkpoint resumes only into the mixture of denoisers (or the absence of one) it was made with."""
+
+    UL2 = dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512)
+
+    def test_the_same_mixture_or_none_on_both_sides_resumes(self):
+        dn.check_same_mixture(self.UL2, dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512), "ckpt")
+        dn.check_same_mixture({}, {}, "ckpt")
+
+    @parameterized.named_parameters(
+        ("ul2_resumed_as_another_objective", UL2, {}, r"pretrained with --objective ul2 \(R_3_0.15 14%.* at 512 "
+                                                     r"tokens\) and this run has another objective; resume with "
+                                                     r"--objective ul2"),
+        ("another_objective_resumed_as_ul2", {}, UL2, r"pretrained with another objective than this run's --objective "
+                                                     r"ul2 \(R_3_0.15 14%.*\); resume with the checkpoint's --objective"),
+        ("another_input_length", UL2, dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 256),
+         r"pretrained on another mixture of denoisers .* at 512 tokens\) than this run's \(.* at 256 tokens\)"),
+    )
+    def test_another_mixture_is_one_line(self, saved, now, said):
+        with self.assertRaisesRegex(UsageError, "checkpoint ckpt was " + said) as cm:
+            dn.check_same_mixture(saved, now, "ckpt")
+        self.assertNotIn("None", str(cm.exception))
+        self.assertIn("--model_name_or_path", str(cm.exception))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import tempfile
 
 import torch
@@ -208,6 +209,29 @@ class FlagsTest(parameterized.TestCase):
         mixture.MixtureConfig().check_mixture_flags(["sst2"])
         mixture.MixtureConfig(mixing="temperature", mixing_temperature=2.0, mixing_cap=100).check_mixture_flags(
             ["a", "b"])
+
+
+class ResumeCheckTest(parameterized.TestCase):
+    """Which saved mixture a run may resume: one line naming both sides and the fix, never a KeyError."""
+
+    MIXED = {"tasks": ["sst2", "cola"], "train_rows": [100, 50], "rates": [2 / 3, 1 / 3], "epoch_rows": 144}
+
+    def test_the_same_mixture_or_one_task_on_both_sides_resumes(self):
+        mixture.check_same_mixture(dict(self.MIXED), dict(self.MIXED), "ckpt")
+        mixture.check_same_mixture({}, {}, "ckpt")
+
+    @parameterized.named_parameters(
+        ("mixture_resumed_as_one_task", MIXED, {}, "was trained on a mixture (sst2 66.67% of 100, cola 33.33% of 50) "
+                                                   "and this run trains one task"),
+        ("one_task_resumed_into_a_mixture", {}, MIXED, "was trained on one task (it records no mixture) and this run "
+                                                       "mixes sst2 66.67% of 100"),
+        ("another_mixture", {**MIXED, "rates": [0.5, 0.5]}, MIXED, "was trained on another mixture (sst2 50.00%"),
+    )
+    def test_a_different_data_position_is_one_line(self, saved, now, said):
+        with self.assertRaisesRegex(UsageError, "checkpoint ckpt " + re.escape(said)) as cm:
+            mixture.check_same_mixture(saved, now, "ckpt")
+        self.assertIn("--model_name_or_path", str(cm.exception))
+        self.assertNotIn("\n", str(cm.exception))
 
 
 if __name__ == "__main__":
