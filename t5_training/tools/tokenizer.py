@@ -81,14 +81,7 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
     except RuntimeError as e:
         if errors:
             raise errors[0] from None
-        msg = str(e).strip().splitlines()[-1]
-        most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", msg)
-        if most:
-            # sentencepiece counts its own pieces; --vocab_size counts the 100 sentinels as well.
-            raise ValueError(f"vocab_size={vocab_size} is too large for this corpus: it has room for at most "
-                             f"{int(most.group(1)) + NUM_SENTINELS} (sentinels included); pass a smaller "
-                             f"vocab_size or more text") from None
-        raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} on this corpus: {msg}") from None
+        raise _training_error(e, vocab_size) from None
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # T5TokenizerFast(vocab_file=...) silently ignores the file in transformers 5, and from_pretrained on
@@ -102,6 +95,18 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
     with open(os.path.join(output_dir, "spiece.model"), "wb") as f:
         f.write(model.getvalue())
     return AutoTokenizer.from_pretrained(output_dir)
+
+
+def _training_error(error: RuntimeError, vocab_size: int) -> ValueError:
+    """sentencepiece's refusal as one line; a size the corpus cannot give says the largest it can."""
+    msg = str(error).strip().splitlines()[-1]
+    most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", msg)
+    if most:
+        # sentencepiece counts its own pieces; --vocab_size counts the 100 sentinels as well.
+        return ValueError(f"vocab_size={vocab_size} is too large for this corpus: it has room for at most "
+                          f"{int(most.group(1)) + NUM_SENTINELS} (sentinels included); pass a smaller "
+                          f"vocab_size or more text")
+    return ValueError(f"sentencepiece could not train vocab_size={vocab_size} on this corpus: {msg}")
 
 
 def _read_texts(paths: list[str], text_column: str) -> Iterator[str]:
