@@ -19,3 +19,16 @@ if _WORKERS > 1:
     import torch  # noqa: E402  (after the variables, which torch reads when it starts its thread pool)
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_after_run_cli():
+    # run_cli freezes every object at a script's end (its process is about to exit); a test that
+    # calls it in the test process must not leave them frozen, or no later collection frees them.
+    yield
+    gc.unfreeze()
