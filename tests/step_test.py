@@ -5,6 +5,9 @@ too, so a lost factor in the step's scale would not show in a training run's los
 read the gradient the optimizer is handed and compare it with one computed by plain autograd.
 """
 import copy
+import math
+import types
+from unittest import mock
 
 import torch
 from absl.testing import absltest, parameterized
@@ -13,6 +16,7 @@ from accelerate.utils import GradientAccumulationPlugin
 import transformers
 
 from t5_training import losses, step
+from t5_training.errors import DivergedError
 from tests import fixtures
 
 
@@ -99,6 +103,108 @@ class TrainStepGradientTest(parameterized.TestCase):
         self.assertAlmostEqual(self._norm(applied), limit, delta=1e-4 * limit)
         for got, want in zip(applied, self.expected, strict=True):
             torch.testing.assert_close(got, want / 2, rtol=1e-4, atol=1e-7)
+
+
+def _accelerator(window):
+    return Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+        num_steps=len(window), sync_with_dataloader=False, adjust_scheduler=False))
+
+
+class TrainStepResultTest(parameterized.TestCase):
+    """What a step returns and leaves behind, and the steps it must skip."""
+
+    def setUp(self):
+        super().setUp()
+        torch.manual_seed(0)
+        self.model = transformers.T5ForConditionalGeneration(fixtures.tiny_t5_config(dropout_rate=0.0))
+        self.window = _window()
+        with torch.no_grad():
+            self.token_mean = (sum(losses.forward_loss_sum(self.model, b) for b in self.window) / 17).item()
+
+    def _run(self, optimizer, poison=None, steps=1):
+        """train_step `steps` times on the window; `poison` makes one weight's gradient infinite in the first."""
+        accelerator = _accelerator(self.window)
+        model, optimizer = accelerator.prepare(self.model, optimizer)
+        counts = step.window_counts(accelerator, self.window, stop_requested=False)
+        hook = poison and model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
+        results = []
+        for n in range(1, steps + 1):
+            with mock.patch.object(step, "kill_point") as kill_point:
+                results.append(step.train_step(accelerator, model, optimizer, self.window, counts, 1.0, step=n))
+            self.assertEqual(kill_point.call_args_list, [mock.call("micro", n, m) for m in (1, 2, 3)])
+            if hook:
+                hook.remove()
+                hook = None
+            # Gradients are freed after every step, applied or not: the next window starts from none.
+            self.assertTrue(all(p.grad is None for p in model.parameters()))
+        return results
+
+    def test_returns_the_token_mean_loss_of_the_window_before_the_update(self):
+        weights = [p.detach().clone() for p in self.model.parameters()]
+        loss, = self._run(torch.optim.SGD(self.model.parameters(), lr=0.1))
+        self.assertEqual(loss.dim(), 0)
+        self.assertAlmostEqual(loss.item(), self.token_mean, places=5)
+        self.assertTrue(any(not torch.equal(w, p) for w, p in zip(weights, self.model.parameters())))
+
+    def test_window_counts_targets_samples_tokens_and_the_stop_request(self):
+        accelerator = _accelerator(self.window)
+        inputs = sum(int(b["attention_mask"].sum()) for b in self.window)
+        self.assertEqual(step.window_counts(accelerator, self.window, stop_requested=False).tolist(),
+                         [17.0, 6.0, inputs + 17.0, 0.0])
+        self.assertEqual(step.window_counts(accelerator, self.window, stop_requested=True).tolist()[3], 1.0)
+
+    def test_an_infinite_gradient_skips_an_optimizer_that_cannot_skip_itself(self):
+        optimizer = _RecordingSGD(self.model.parameters())
+        weights = [p.detach().clone() for p in self.model.parameters()]
+        loss, = self._run(optimizer, poison=True)
+        self.assertTrue(math.isnan(loss.item()))  # the loss was finite; the step is reported as skipped
+        self.assertEqual(optimizer.applied, [])  # never handed the gradients
+        for before, after in zip(weights, self.model.parameters()):
+            self.assertTrue(torch.equal(before, after))
+
+    def test_fused_adamw_skips_on_the_device_and_steps_again_after(self):
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, fused=True)
+        weights = [p.detach().clone() for p in self.model.parameters()]
+        skipped, applied = self._run(optimizer, poison=True, steps=2)
+        self.assertTrue(math.isnan(skipped.item()))
+        self.assertAlmostEqual(applied.item(), self.token_mean, places=5)  # the weights were not moved
+        # Only the second step counted: the first left weights, moments and step count as they were.
+        for state in optimizer.state.values():
+            self.assertEqual(state["step"].item(), 1.0)
+        moved = [not torch.equal(w, p) for w, p in zip(weights, self.model.parameters())]
+        self.assertTrue(all(moved), "every weight has a gradient and AdamW moves it by about lr")
+
+
+class GuardNonfiniteTest(parameterized.TestCase):
+
+    def _guard(self, applied_steps, limit=3, mixed_precision="no", learning_rate=1e-3):
+        printed = []
+        accelerator = types.SimpleNamespace(print=printed.append, mixed_precision=mixed_precision)
+        config = types.SimpleNamespace(max_nonfinite_steps=limit, learning_rate=learning_rate)
+        state = types.SimpleNamespace(nonfinite_in_a_row=0)
+        for n, applied in enumerate(applied_steps, start=1):
+            step.guard_nonfinite(accelerator, config, state, n, applied)
+        return state, printed
+
+    def test_counts_skipped_steps_in_a_row_and_an_applied_step_resets_the_count(self):
+        state, printed = self._guard([False, False, True, False])
+        self.assertEqual(state.nonfinite_in_a_row, 1)
+        self.assertEqual(printed, [f"step {n}: non-finite loss or gradients; step skipped, weights unchanged"
+                                   for n in (1, 2, 4)])
+
+    @parameterized.named_parameters(
+        ("fp32", "no", r"the learning rate is likely too high for this model and batch: lower --learning_rate "
+                       r"\(now 0.003\) or raise --warmup_steps"),
+        ("fp16", "fp16", r"T5 overflows in fp16 .*use --mixed_precision bf16"))
+    def test_the_limit_stops_the_run_naming_the_likely_cause(self, mixed_precision, cause):
+        self._guard([False, False], mixed_precision=mixed_precision, learning_rate=3e-3)  # under the limit
+        with self.assertRaisesRegex(DivergedError, r"^the loss was not finite for 3 steps in a row \(up to step 4\); "
+                                                   + cause + r"\. Checkpoints saved before that are intact$"):
+            self._guard([True, False, False, False], mixed_precision=mixed_precision, learning_rate=3e-3)
+
+    def test_limit_zero_never_stops(self):
+        state, _ = self._guard([False] * 20, limit=0)
+        self.assertEqual(state.nonfinite_in_a_row, 20)
 
 
 if __name__ == "__main__":
