@@ -17,12 +17,15 @@
 
 Writes to --output_dir: step-NNNNNN/ checkpoints, best/ and final/ models (save_pretrained),
 eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png; with
---do_predict, submission/<Task>.tsv and submission.zip (t5_training/submission.py). A mixture
+--do_predict, submission/<Task>.tsv, submission.zip and predict_results.json: each file's rows,
+the outputs that named no label (written as a fallback) and the leaderboard files that could not
+be written (t5_training/submission.py). A mixture
 writes predictions_<task>_<split>.tsv, and mixture_rows.tsv and mixture_rates.json: every row it
 trained on, and each task's configured and realised rate (t5_training/mixture.py).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Literal
@@ -71,7 +74,9 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
                                         "(and predict, with --do_predict): no optimizer, no checkpoints."})
     do_predict: bool = field(
         default=False, metadata={"help": "Predict the unlabelled test splits with the final model and write the "
-                                         "leaderboard's files: submission/<Task>.tsv and submission.zip."})
+                                         "leaderboard's files: submission/<Task>.tsv and submission.zip, and "
+                                         "predict_results.json (per file: outputs that named no label and were "
+                                         "written as a fallback, warned about on stderr; files not written)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Every input, test files included, is read and checked before anything is written.
     tasks = agreement.main_process_first(
-        accelerator, lambda: multitask.read_tasks(config, entries, tokenizer, accelerator.print))
+        accelerator, lambda: multitask.read_tasks(config, entries, tokenizer, accelerator.print, warn(accelerator)))
     decodings = multitask.resolve_decodings(config.eval_decoding, tasks, accelerator)
     start_id = model.config.decoder_start_token_id
     if config.do_train:
@@ -165,8 +170,9 @@ def evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings):
 
 
 def predict(accelerator, config, tasks, model, tokenizer, start_id, decodings) -> dict:
-    """--do_predict: every task's test rows decoded as its eval rows are, written as the leaderboard's files."""
-    written, paths = {}, []
+    """--do_predict: every task's test rows decoded as its eval rows are, written as the leaderboard's files;
+    what was written, and what fell back or is missing, also goes to predict_results.json."""
+    parts, written = [], {}
     for name, entry in tasks.entries.items():
         tests, task = tasks.tests[name], tasks.data[name]
         loaders = runtime.prepare_loaders(accelerator, data.ordered_loaders(tests, config, tokenizer, start_id))
@@ -174,14 +180,17 @@ def predict(accelerator, config, tasks, model, tokenizer, start_id, decodings) -
             accelerator, entry, tests, loaders, tokenizer, config.output_dir, decodings[name],
             config.max_target_length, task.max_target_tokens, file_prefix=f"{name}_" if tasks.mixed else "")(model)
         if accelerator.is_main_process:
-            files, more = submission.write_task_files(entry, tests, predictions, task.train_labels,
-                                                      config.output_dir, accelerator.print)
-            written.update(files)
-            paths += more
+            parts.append(submission.write_task_files(entry, tests, predictions, task.train_labels,
+                                                     config.output_dir, accelerator.print, warn(accelerator)))
     if accelerator.is_main_process:
-        written["zip"] = submission.finish_zip(config.output_dir, paths, accelerator.print)
+        written = submission.finish(config.output_dir, parts, accelerator.print, warn(accelerator))
     accelerator.wait_for_everyone()
     return written
+
+
+def warn(accelerator):
+    """Prints a warning line on stderr, once (on the main process), apart from the run's ordinary output."""
+    return functools.partial(accelerator.print, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Mapping
 import datasets
 
 from constants import DATASET_VALS, TaskEntry
-from t5_training import data, evaluation, metrics, mixture, modeling, submission
+from t5_training import data, evaluation, metrics, mixture, modeling, no_label, submission
 from t5_training.errors import UsageError
 from t5_training.loop import Objective
 from t5_training.resume import batch_layout, global_batch
@@ -66,9 +66,9 @@ def task_dirs(config, found: Mapping[str, TaskEntry]) -> dict[str, str | None]:
     return {name: os.path.join(config.data_dir, entry.folder) for name, entry in found.items()}
 
 
-def read_tasks(config, found: Mapping[str, TaskEntry], tokenizer, log=print) -> Tasks:
-    """Reads, checks and tokenizes every task (and its test splits with --do_predict), a log line per split;
-    every source starts with --mode_token where one is given."""
+def read_tasks(config, found: Mapping[str, TaskEntry], tokenizer, log=print, warn=no_label.to_stderr) -> Tasks:
+    """Reads, checks and tokenizes every task (and its test splits with --do_predict), a log line per split
+    and a `warn` line per missing optional test file; every source starts with --mode_token where one is given."""
     if len(found) > 1 and config.train_file:
         raise UsageError("a mixture reads each task from its own folder: pass --data_dir with the tasks' folders "
                          "instead of --train_file/--validation_file")
@@ -81,7 +81,7 @@ def read_tasks(config, found: Mapping[str, TaskEntry], tokenizer, log=print) -> 
                                           mode_token_id=mode)
         if config.do_predict:
             tests[name] = submission.build_test_data(entry, config, tokenizer, say, data_dir=dirs[name],
-                                                     mode_token_id=mode)
+                                                     mode_token_id=mode, warn=warn)
     return Tasks(dict(found), read, tests)
 
 

@@ -13,7 +13,9 @@ the second once. A predicted text maps to a label by the rules evaluation scores
 postprocessors (t5/data/postprocessors.py): the exact label word (`string_label_to_class_id`) or
 `float(text)` (`string_to_float`). A class is written as the entry's `Submission.labels` (0/1, or a
 label name), a score clipped to its `score_range`; a text that maps to nothing is written as the
-`fallback` and counted.
+`fallback`, counted and warned about (no_label.py). Every file written, its rows and fallback
+rows, and the files the leaderboard needs that could not be written (GLUE's AX.tsv without the
+diagnostic set) go to predict_results.json beside the zip (`finish`).
 """
 from __future__ import annotations
 
@@ -21,30 +23,33 @@ import collections
 import math
 import os
 import zipfile
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import datasets
 import numpy as np
 
 from constants import TaskEntry, TestSplit
-from t5_training import data, metrics
+from t5_training import data, no_label, reporting
 from t5_training.errors import UsageError
 from t5_training.table_files import read_original_file
 from t5_training.tasks import kind_of
 
 SUBMISSION_DIR = "submission"
 ZIP_NAME = "submission.zip"
+RESULTS_FILE = "predict_results.json"
 # Each test row's index in its test file; GLUE's hub test splits number their rows in `idx`.
 INDEX = "index"
 HUB_INDEX = "idx"
 
 
 def load_test_splits(entry: TaskEntry, *, data_dir: str | None = None, trust_remote_code: bool = False,
-                     log=print) -> dict[str, datasets.Dataset]:
+                     log=print, warn=no_label.to_stderr) -> dict[str, datasets.Dataset]:
     """The entry's test splits with canonical columns and `index`: from --data_dir, else the hub.
 
     A required test file that is missing is a UsageError naming it; an optional one (GLUE's
-    diagnostic set) is skipped with a line saying so. Rows without a label get the kind's
+    diagnostic set) is skipped with a loud `warn` line, since the leaderboard refuses a zip
+    without its file, yet the others are worth predicting. Rows without a label get the kind's
     `unlabelled` value; an index that appears twice is a UsageError, since each row is scored once.
     """
     if entry.submission is None:
@@ -54,7 +59,7 @@ def load_test_splits(entry: TaskEntry, *, data_dir: str | None = None, trust_rem
     for test in entry.submission.splits:
         ds = _read_test_split(entry, test, data_dir, trust_remote_code)
         if ds is None:
-            log(f"{test.file} not written: --data_dir has no {entry.submission.local.splits[test.name]}")
+            warn(missing_file_warning(entry, test, data_dir))
             continue
         if entry.target not in ds.column_names:  # GLUE's test files have no label column
             ds = ds.add_column(entry.target, [kind_of(entry).unlabelled] * len(ds))
@@ -65,6 +70,15 @@ def load_test_splits(entry: TaskEntry, *, data_dir: str | None = None, trust_rem
                              "scores each test row once; use the original test file")
         splits[test.name] = ds
     return splits
+
+
+def missing_file_warning(entry: TaskEntry, test: TestSplit, data_dir: str) -> str:
+    """The loud line for an optional test file that --data_dir lacks: what is lost, and where to get the file."""
+    path = os.path.normpath(os.path.join(data_dir, entry.submission.local.splits[test.name]))
+    hub = (f", or drop --data_dir to read every test split from the hub ({entry.hub_path}, "
+           f"{test.hub_name or entry.hub_name}, split {test.hub_split or test.name})" if entry.hub_path else "")
+    return (f"WARNING: {test.file} will not be written: there is no {path}, and the leaderboard refuses a "
+            f"submission zip without {test.file}. Put the file there from the benchmark's download{hub}")
 
 
 def _read_test_split(entry: TaskEntry, test: TestSplit, data_dir: str | None,
@@ -85,17 +99,18 @@ def _read_test_split(entry: TaskEntry, test: TestSplit, data_dir: str | None,
 
 
 def build_test_data(entry: TaskEntry, config, tokenizer, log=print, *, data_dir: str | None = None,
-                    mode_token_id: int | None = None) -> dict[str, datasets.Dataset]:
+                    mode_token_id: int | None = None, warn=no_label.to_stderr) -> dict[str, datasets.Dataset]:
     """Every row of every test split, tokenized and ordered for decoding as the eval splits are.
 
     Each split keeps `idx` (its row number, see data.ordered_for_decoding), `index` (the test
     file's, as text) and its source text. --max_eval_samples does not apply: a submission has
     every test row. `config` supplies data_dir (unless `data_dir` is given: a mixture's task folder),
-    trust_remote_code and the two length limits; `mode_token_id` goes before every source, as in training.
+    trust_remote_code and the two length limits; `mode_token_id` goes before every source, as in training;
+    `warn` gets the loud line about an optional test file that is missing.
     """
     tests = {}
     for name, ds in load_test_splits(entry, data_dir=data_dir or config.data_dir,
-                                     trust_remote_code=config.trust_remote_code, log=log).items():
+                                     trust_remote_code=config.trust_remote_code, log=log, warn=warn).items():
         result = data.tokenize_split(ds, entry, tokenizer, config.max_source_length, config.max_target_length,
                                      mode_token_id)
         log(f"{name}: {len(ds)} rows; truncated: {result.truncated_sources} inputs to {config.max_source_length} "
@@ -128,15 +143,6 @@ def written_form(entry: TaskEntry, label: int | float) -> str:
     return f"{min(max(label, low), high):.3f}"
 
 
-def parse_prediction(entry: TaskEntry, text: str) -> int | float | None:
-    """The label a predicted text names (T5's rules, as evaluation scores it), or None when it names none."""
-    if entry.kind == "regression":
-        score = metrics.string_to_float(text, default=math.nan)
-        return score if math.isfinite(score) else None
-    class_id = metrics.label_to_id(text, entry.label_words)
-    return class_id if class_id >= 0 else None
-
-
 def write_task_file(entry: TaskEntry, test: TestSplit, indices: Sequence[str], predictions: Sequence[str],
                     train_labels: Sequence, folder: str) -> tuple[str, int]:
     """Writes `folder/<test.file>`: the header, then `index<TAB>prediction` for each test row, in order.
@@ -147,7 +153,7 @@ def write_task_file(entry: TaskEntry, test: TestSplit, indices: Sequence[str], p
     if len(indices) != len(predictions):
         raise ValueError(f"{len(indices)} test rows but {len(predictions)} predictions")
     default = fallback(entry, train_labels)
-    labels = [parse_prediction(entry, text) for text in predictions]
+    labels = [no_label.label_of(entry, text) for text in predictions]
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, test.file)
     with open(f"{path}.tmp", "w", encoding="utf-8", newline="") as f:
@@ -167,40 +173,68 @@ def write_zip(path: str, files: Sequence[str]) -> str:
     return path
 
 
-def write_submission(entry: TaskEntry, tests: dict[str, datasets.Dataset], predictions: dict[str, list[str]],
-                     train_labels: Sequence, output_dir: str, log=print) -> dict:
-    """One task's files in output_dir/submission/ and output_dir/submission.zip; prints a line per file.
+@dataclass
+class TaskFiles:
+    """One task's part of a submission, for `finish`.
 
-    Returns {file name: {"rows": ..., "unmapped": ...}, "zip": path of the zip}.
+    `files`: {leaderboard file: {"rows", "no_label", "no_label_share", "written_as"}}, as
+    predict_results.json records them; `paths`: the files written; `missing`: the leaderboard files
+    of test splits that were not there to predict (GLUE's AX.tsv without the diagnostic set).
     """
-    written, paths = write_task_files(entry, tests, predictions, train_labels, output_dir, log)
-    return {**written, "zip": finish_zip(output_dir, paths, log)}
+
+    files: dict[str, dict] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def write_submission(entry: TaskEntry, tests: dict[str, datasets.Dataset], predictions: dict[str, list[str]],
+                     train_labels: Sequence, output_dir: str, log=print, warn=no_label.to_stderr) -> dict:
+    """One task's files in output_dir/submission/, the zip and predict_results.json (see `finish`)."""
+    return finish(output_dir, [write_task_files(entry, tests, predictions, train_labels, output_dir, log, warn)],
+                  log, warn)
 
 
 def write_task_files(entry: TaskEntry, tests: dict[str, datasets.Dataset], predictions: dict[str, list[str]],
-                     train_labels: Sequence, output_dir: str, log=print) -> tuple[dict, list[str]]:
-    """A task's leaderboard files in output_dir/submission/, a line printed per file.
-
-    Returns ({file name: {"rows": ..., "unmapped": ...}}, the files' paths) for `finish_zip`.
-    """
+                     train_labels: Sequence, output_dir: str, log=print, warn=no_label.to_stderr) -> TaskFiles:
+    """A task's leaderboard files in output_dir/submission/: a line printed per file, and a `warn` line
+    for a file with rows that fell back (no_label.warning: loud when they are most)."""
     folder = os.path.join(output_dir, SUBMISSION_DIR)
-    written, paths = {}, []
+    part = TaskFiles()
     default = written_form(entry, fallback(entry, train_labels))
     why = "the training mean" if entry.kind == "regression" else "the most frequent training label"
     for test in entry.submission.splits:
         if test.name not in tests:
+            part.missing.append(test.file)
             continue
         indices = data.in_row_order(tests[test.name], INDEX)
-        path, unmapped = write_task_file(entry, test, indices, predictions[test.name], train_labels, folder)
-        log(f"{path}: {len(indices)} rows; {unmapped} predictions matched no label and were written as "
+        path, missed = write_task_file(entry, test, indices, predictions[test.name], train_labels, folder)
+        log(f"{path}: {len(indices)} rows; {missed} predictions matched no label and were written as "
             f"{default}, {why}")
-        written[test.file] = {"rows": len(indices), "unmapped": unmapped}
-        paths.append(path)
-    return written, paths
+        warned = no_label.warning(path, missed, len(indices), default)
+        if warned:
+            warn(warned)
+        part.files[test.file] = {"rows": len(indices), **no_label.counts(entry, predictions[test.name]),
+                                 "written_as": default}
+        part.paths.append(path)
+    return part
 
 
-def finish_zip(output_dir: str, paths: Sequence[str], log=print) -> str:
-    """output_dir/submission.zip holding `paths` (every task's files); prints what it holds."""
-    path = write_zip(os.path.join(output_dir, ZIP_NAME), paths)
-    log(f"{path}: {', '.join(os.path.basename(p) for p in paths)}")
-    return path
+def finish(output_dir: str, parts: Sequence[TaskFiles], log=print, warn=no_label.to_stderr) -> dict:
+    """output_dir/submission.zip holding every task's files, and predict_results.json; returns what that holds:
+    {"files": {file: its counts}, "missing": [leaderboard files not written], "zip": the zip's path}.
+
+    Prints what the zip holds, then warns loudly once more, where a long run's output ends, about
+    files that are mostly fallback and about each missing file: the leaderboard refuses the zip.
+    """
+    files = {name: counts for part in parts for name, counts in part.files.items()}
+    missing = [name for part in parts for name in part.missing]
+    path = write_zip(os.path.join(output_dir, ZIP_NAME), [p for part in parts for p in part.paths])
+    log(f"{path}: {', '.join(files)}")
+    lines = [no_label.zip_warning(path, files)]
+    lines += [f"WARNING: {path} lacks {name}, which the leaderboard requires: it will refuse this zip until "
+              f"{name} is in it (see the warning about {name} above)" for name in missing]
+    for line in filter(None, lines):
+        warn(line)
+    results = {"files": files, "missing": missing, "zip": path}
+    reporting.write_json(os.path.join(output_dir, RESULTS_FILE), results)
+    return results

@@ -5,6 +5,8 @@ dev rows follow a label candidate; a fresh random model makes the opposite case,
 rows fall back to generation. Both are checked row by row against HF `generate` run on each
 row alone, unpadded: an independent reference for greedy decoding.
 """
+import csv
+import math
 import os
 import tempfile
 
@@ -94,6 +96,38 @@ class ScoreEqualsGreedyTest(parameterized.TestCase):
     def test_trained_run_used_scoring_and_wrote_predictions(self):
         with open(os.path.join(self.trained, "predictions_validation.tsv"), encoding="utf-8") as f:
             self.assertLen(f.read().splitlines(), 33)
+
+
+class NoLabelCountTest(parameterized.TestCase):
+    """The evaluator counts the dev outputs that name no label, per split, beside the metrics."""
+
+    @parameterized.named_parameters(("sst2", "sst2", "SST-2"), ("stsb", "stsb", "STS-B"))
+    def test_results_count_the_outputs_that_name_no_label(self, task, folder):
+        entry = get_entry("glue", task)
+        config = _config("--dataset_name", task, "--data_dir", os.path.join(fixtures.glue_dir(), folder))
+        torch.manual_seed(0)  # random weights: few if any outputs are a label
+        tokenizer, model = load_tokenizer_and_model(config)
+        model.eval()
+        task_data = data.build_task_data(entry, config, tokenizer, log=lambda *_: None)
+        _, loaders = data.build_loaders(task_data, config, tokenizer, model.config.decoder_start_token_id)
+        with tempfile.TemporaryDirectory() as out:
+            results = evaluation.make_generation_evaluator(Accelerator(cpu=True), entry, task_data, loaders, tokenizer,
+                                                           out)(model)
+            with open(os.path.join(out, "predictions_validation.tsv"), encoding="utf-8") as f:
+                outputs = [row["prediction"] for row in csv.DictReader(f, delimiter="\t")]
+        expected = sum(not _is_label(entry, text) for text in outputs)
+        self.assertGreater(expected, 0)
+        self.assertEqual((results["no_label"], results["no_label_share"]), (expected, expected / len(outputs)))
+
+
+def _is_label(entry, text: str) -> bool:
+    """Whether an output names a label, worked out here: a label word, or for a score a finite number."""
+    if entry.kind == "regression":
+        try:
+            return math.isfinite(float(text))
+        except ValueError:
+            return False
+    return text in entry.label_words
 
 
 class CandidateBlocksTest(parameterized.TestCase):

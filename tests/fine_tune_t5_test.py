@@ -142,6 +142,15 @@ class TwoProcessTest(absltest.TestCase):
                     rows = list(csv.reader(f, delimiter="\t"))
                 self.assertEqual(rows[0], ["index", "prediction"])
                 self.assertEqual([row[0] for row in rows[1:]], [str(i) for i in range(made_data.SIZES["test"])])
+                # Its outputs that name no label, counted over the gathered rows and warned about once.
+                with open(os.path.join(two, "predictions_test.tsv"), encoding="utf-8") as f:
+                    outputs = [row["prediction"] for row in csv.DictReader(f, delimiter="\t")]
+                missed = sum(text not in ("negative", "positive") for text in outputs)
+                with open(os.path.join(two, "predict_results.json"), encoding="utf-8") as f:
+                    self.assertEqual(json.load(f)["files"]["SST-2.tsv"]["no_label"], missed)
+                path = os.path.join(two, "submission", "SST-2.tsv")
+                self.assertEqual(done.stderr.count(f"{path}: {missed} of ") + done.stderr.count(f"{path} is mostly"),
+                                 1 if missed else 0)
 
 
 

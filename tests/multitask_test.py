@@ -18,7 +18,7 @@ from absl.testing import absltest, parameterized
 
 import fine_tune_t5
 from constants import GLUE
-from t5_training import mixture, multitask, run_dir
+from t5_training import mixture, multitask, run_dir, submission
 from t5_training.errors import UsageError
 from tests import fixtures, made_data
 
@@ -79,6 +79,12 @@ class TaskDirsTest(fixtures.TempDirTestCase):
                                 {name: GLUE[name] for name in ("cola", "rte", "mrpc")})
 
 
+def _no_label(path: str, words) -> int:
+    """How many outputs in a predictions file are none of the label words."""
+    with open(path, encoding="utf-8") as f:
+        return sum(row["prediction"] not in words for row in csv.DictReader(f, delimiter="\t"))
+
+
 def mixture_args(out: str, *extra: str) -> list[str]:
     return fixtures.fine_tune_args(out, "--dataset_name", "sst2,cola", "--data_dir", fixtures.glue_dir(),
                                    "--max_eval_samples", "24", *extra)
@@ -115,6 +121,20 @@ class MixtureRunTest(fixtures.TempDirTestCase):
             self.assertLen(f.readlines(), 1 + made_data.SIZES["test"])
         with zipfile.ZipFile(os.path.join(out, "submission.zip")) as archive:
             self.assertEqual(sorted(archive.namelist()), ["CoLA.tsv", "SST-2.tsv"])
+
+        # Each task's outputs that are no label word, counted on its dev rows (eval results) and test rows.
+        with open(os.path.join(out, submission.RESULTS_FILE), encoding="utf-8") as f:
+            self.assertEqual(json.load(f), result["predict"])
+        self.assertEqual(sorted(result["predict"]["files"]), ["CoLA.tsv", "SST-2.tsv"])
+        self.assertEqual(result["predict"]["missing"], [])
+        for task, name in (("sst2", "SST-2.tsv"), ("cola", "CoLA.tsv")):
+            dev = _no_label(os.path.join(out, f"predictions_{task}_validation.tsv"), GLUE[task].label_words)
+            self.assertEqual((evals[f"{task}/no_label"], evals[f"{task}/no_label_share"]), (dev, dev / 24))
+            test = _no_label(os.path.join(out, f"predictions_{task}_test.tsv"), GLUE[task].label_words)
+            rows = made_data.SIZES["test"]
+            self.assertEqual(result["predict"]["files"][name],
+                             {"rows": rows, "no_label": test, "no_label_share": test / rows,
+                              "written_as": result["predict"]["files"][name]["written_as"]})
 
         # The rows trained on: 6 steps of 8, each row of its task's 100 (--max_train_samples), at the rates.
         with open(os.path.join(out, mixture.ROWS_FILE), encoding="utf-8") as f:

@@ -10,6 +10,7 @@ import contextlib
 import csv
 import dataclasses
 import io
+import json
 import math
 import os
 import re
@@ -91,18 +92,60 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
         tests = {name: datasets.Dataset.from_dict({"idx": [1, 0], "index": ["b", "a"]})
                  for name in ("test_matched", "test_mismatched")}
         predictions = {"test_matched": ["neutral", "x"], "test_mismatched": ["y", "z"]}
-        log = []
+        log, warned = [], []
         written = submission.write_submission(get_entry("glue", "mnli"), tests, predictions, [2, 2, 1], self.dir,
-                                              log.append)
+                                              log.append, warned.append)
         folder = os.path.join(self.dir, "submission")
-        self.assertEqual(written, {"MNLI-m.tsv": {"rows": 2, "unmapped": 1}, "MNLI-mm.tsv": {"rows": 2, "unmapped": 2},
-                                   "zip": os.path.join(self.dir, "submission.zip")})
+        zip_path = os.path.join(self.dir, "submission.zip")
+        self.assertEqual(written, {
+            "files": {"MNLI-m.tsv": {"rows": 2, "no_label": 1, "no_label_share": 0.5, "written_as": "contradiction"},
+                      "MNLI-mm.tsv": {"rows": 2, "no_label": 2, "no_label_share": 1.0, "written_as": "contradiction"}},
+            "missing": ["AX.tsv"], "zip": zip_path})
+        with open(os.path.join(self.dir, submission.RESULTS_FILE), encoding="utf-8") as f:
+            self.assertEqual(json.load(f), written)
         self.assertEqual(_read_lines(os.path.join(folder, "MNLI-m.tsv")),
                          ["index\tprediction", "a\tneutral", "b\tcontradiction"])
         with zipfile.ZipFile(written["zip"]) as archive:
             self.assertEqual(archive.namelist(), ["MNLI-m.tsv", "MNLI-mm.tsv"])
         self.assertEqual(log[0], f"{folder}/MNLI-m.tsv: 2 rows; 1 predictions matched no label and were written as "
                                  "contradiction, the most frequent training label")
+        # Half is a warning; all of MNLI-mm is the loud one, and the zip names it and the missing AX.tsv.
+        self.assertLen(warned, 4)
+        self.assertStartsWith(warned[0], f"warning: {folder}/MNLI-m.tsv: 1 of 2 test predictions (50.0%) name no "
+                                         "label")
+        self.assertStartsWith(warned[1], f"WARNING: {folder}/MNLI-mm.tsv is mostly the fallback")
+        self.assertStartsWith(warned[2], f"WARNING: {zip_path} holds files that are mostly the fallback, not the "
+                                         "model's answers: MNLI-mm.tsv (100.0% no label);")
+        self.assertStartsWith(warned[3], f"WARNING: {zip_path} lacks AX.tsv, which the leaderboard requires: it "
+                                         "will refuse this zip")
+
+    @parameterized.named_parameters(
+        ("every_output_a_label", ["positive", "negative", "positive", "negative"], 0, ()),
+        ("one_falls_back", ["positive", "x", "negative", "positive"], 1, ("warning: {path}: 1 of 4",)),
+        ("most_fall_back", ["x", "", "maybe", "positive"], 3,
+         ("WARNING: {path} is mostly the fallback", "WARNING: {zip} holds files that are mostly the fallback")),
+    )
+    def test_outputs_that_name_no_label_are_counted_and_warned_about(self, outputs, count, warnings):
+        tests = {"test": datasets.Dataset.from_dict({"idx": [0, 1, 2, 3], "index": ["0", "1", "2", "3"]})}
+        warned = []
+        written = submission.write_submission(get_entry("glue", "sst2"), tests, {"test": outputs}, [1, 1, 0],
+                                              self.dir, lambda line: None, warned.append)
+        self.assertEqual(written["files"], {"SST-2.tsv": {"rows": 4, "no_label": count, "no_label_share": count / 4,
+                                                          "written_as": "1"}})
+        self.assertEqual(written["missing"], [])
+        path, zip_path = os.path.join(self.dir, "submission", "SST-2.tsv"), os.path.join(self.dir, "submission.zip")
+        self.assertLen(warned, len(warnings))
+        for line, start in zip(warned, warnings):
+            self.assertStartsWith(line, start.format(path=path, zip=zip_path))
+
+    def test_stsb_outputs_that_are_no_number_are_no_label(self):
+        tests = {"test": datasets.Dataset.from_dict({"idx": [0, 1, 2], "index": ["0", "1", "2"]})}
+        warned = []
+        written = submission.write_submission(get_entry("glue", "stsb"), tests, {"test": ["3.2", "high", "nan"]},
+                                              [1.0, 4.0], self.dir, lambda line: None, warned.append)
+        self.assertEqual(written["files"]["STS-B.tsv"], {"rows": 3, "no_label": 2, "no_label_share": 2 / 3,
+                                                         "written_as": "2.500"})
+        self.assertStartsWith(warned[0], f"WARNING: {os.path.join(self.dir, 'submission', 'STS-B.tsv')} is mostly")
 
 
 # The first lines of GLUE's test files, for the tasks whose files the made folder lacks.
@@ -133,9 +176,10 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
             with open(os.path.join(self.dir, name), "w", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
 
-    def _load(self, task, folder, log=None):
+    def _load(self, task, folder, log=None, warn=None):
         return submission.load_test_splits(get_entry("glue", task), data_dir=folder,
-                                           log=(log if log is not None else []).append)
+                                           log=(log if log is not None else []).append,
+                                           warn=(warn if warn is not None else []).append)
 
     @parameterized.named_parameters(
         ("cola", "cola", "CoLA", 1063, {"sentence": "Bill whistled past the house."}, -1),
@@ -173,10 +217,17 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
 
     def test_diagnostic_set_is_optional(self):
         os.remove(os.path.join(self.dir, "diagnostic", "diagnostic.tsv"))
-        log = []
-        splits = self._load("mnli", os.path.join(self.dir, "mnli"), log)
+        log, warned = [], []
+        splits = self._load("mnli", os.path.join(self.dir, "mnli"), log, warned)
         self.assertEqual(sorted(splits), ["test_matched", "test_mismatched"])
-        self.assertEqual(log, ["AX.tsv not written: --data_dir has no ../diagnostic/diagnostic.tsv"])
+        self.assertEqual(log, [])
+        # Loud, naming the file, where to get it, and what the leaderboard does without it.
+        self.assertLen(warned, 1)
+        self.assertStartsWith(warned[0], "WARNING: AX.tsv will not be written: there is no "
+                                         f"{os.path.join(self.dir, 'diagnostic', 'diagnostic.tsv')}, and the "
+                                         "leaderboard refuses a submission zip without AX.tsv")
+        self.assertIn("the benchmark's download", warned[0])
+        self.assertIn("nyu-mll/glue", warned[0])
 
     def test_missing_test_file_is_named(self):
         os.remove(os.path.join(self.dir, "mnli", "test_mismatched.tsv"))
@@ -245,23 +296,25 @@ def _fallback(task: str) -> str:
 FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B"}
 
 
-def run_script(out: str, task: str, folder: str, *flags: str) -> tuple[dict, str]:
-    """fine_tune_t5.main on a made GLUE task with the tiny model, and what it printed."""
+def run_script(out: str, task: str, folder: str, *flags: str) -> tuple[dict, str, str]:
+    """fine_tune_t5.main on a made GLUE task with the tiny model, and what it printed on stdout and stderr."""
     args = fixtures.fine_tune_args(out, "--max_source_length", "32", "--per_device_eval_batch_size", "128",
                                    "--save_total_limit", "1", *flags)
     args[args.index("--dataset_name") + 1] = task
     args[args.index("--data_dir") + 1] = os.path.join(fixtures.glue_dir(), folder)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    printed, warned = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(warned):
         result = fine_tune_t5.main(args)
-    return result, printed.getvalue()
+    return result, printed.getvalue(), warned.getvalue()
 
 
 class SubmissionFilesTest(parameterized.TestCase):
     """The files fine_tune_t5.py --do_predict writes for the four GLUE tasks of the made folder."""
 
-    def check_task_file(self, out: str, task: str, folder: str, name: str, rows: int, result: dict, printed: str):
-        """Rows, header, index order and label form of one task's file, its zip, and the fallback count printed."""
+    def check_task_file(self, out: str, task: str, folder: str, name: str, rows: int, result: dict, printed: str,
+                        warned: str):
+        """Rows, header, index order and label form of one task's file, its zip, and the fallback count printed,
+        recorded and warned about; and the dev outputs that named no label, counted in the eval results."""
         path = os.path.join(out, "submission", name)
         lines = _read_lines(path)
         self.assertEqual(lines[0], "index\tprediction")
@@ -283,8 +336,24 @@ class SubmissionFilesTest(parameterized.TestCase):
         why = "the training mean" if task == "stsb" else "the most frequent training label"
         self.assertIn(f"{path}: {rows} rows; {unmapped} predictions matched no label and were written as "
                       f"{fallback}, {why}\n", printed)
-        self.assertEqual(result["predict"], {name: {"rows": rows, "unmapped": unmapped},
-                                             "zip": os.path.join(out, "submission.zip")})
+        self.assertEqual(result["predict"], {
+            "files": {name: {"rows": rows, "no_label": unmapped, "no_label_share": unmapped / rows,
+                             "written_as": fallback}},
+            "missing": [], "zip": os.path.join(out, "submission.zip")})
+        with open(os.path.join(out, submission.RESULTS_FILE), encoding="utf-8") as f:
+            self.assertEqual(json.load(f), result["predict"])
+        if unmapped > rows / 2:
+            self.assertIn(f"WARNING: {path} is mostly the fallback, not the model's answers: {unmapped} of {rows} "
+                          "test predictions", warned)
+            self.assertIn(f"WARNING: {os.path.join(out, 'submission.zip')} holds files that are mostly the fallback, "
+                          f"not the model's answers: {name} (", warned)
+        elif unmapped:
+            self.assertIn(f"warning: {path}: {unmapped} of {rows} test predictions", warned)
+        else:
+            self.assertNotIn(path, warned)
+        dev = [_glue_form(task, row[1]) for row in _read_tsv(os.path.join(out, "predictions_validation.tsv"))[1:]]
+        self.assertEqual((result["eval"]["no_label"], result["eval"]["no_label_share"]),
+                         (dev.count(None), dev.count(None) / len(dev)))
         with zipfile.ZipFile(os.path.join(out, "submission.zip")) as archive:
             self.assertEqual(archive.namelist(), [name])
             with open(path, "rb") as f:
@@ -299,29 +368,30 @@ class SubmissionFilesTest(parameterized.TestCase):
     )
     def test_after_training(self, task, folder, name, rows):
         with tempfile.TemporaryDirectory() as out:
-            result, printed = run_script(out, task, folder, "--max_steps", "2", "--do_predict")
+            result, printed, warned = run_script(out, task, folder, "--max_steps", "2", "--do_predict")
             # Two steps teach the tiny model nothing: its outputs fall back to the training label.
-            self.assertGreater(self.check_task_file(out, task, folder, name, rows, result, printed), 0)
+            self.assertGreater(self.check_task_file(out, task, folder, name, rows, result, printed, warned), 0)
             self.assertTrue(os.path.isdir(os.path.join(out, "final")))
 
     def test_sst2_trained_then_predicted_without_training(self):
         with tempfile.TemporaryDirectory() as trained, tempfile.TemporaryDirectory() as root:
             # A few steps at a high rate: the model answers with a label word, so rows map.
-            result, printed = run_script(trained, "sst2", "SST-2", "--max_steps", "6", "--learning_rate", "3e-3",
-                                         "--do_predict")
-            unmapped = self.check_task_file(trained, "sst2", "SST-2", "SST-2.tsv", TEST_ROWS, result, printed)
+            result, printed, warned = run_script(trained, "sst2", "SST-2", "--max_steps", "6", "--learning_rate",
+                                                 "3e-3", "--do_predict")
+            unmapped = self.check_task_file(trained, "sst2", "SST-2", "SST-2.tsv", TEST_ROWS, result, printed, warned)
             self.assertLess(unmapped, TEST_ROWS)
             # --do_train false loads the exported model, evaluates and predicts: the same file.
             out = os.path.join(root, "predict")
             model = ["--model_name_or_path", os.path.join(trained, "final"), "--do_train", "false", "--do_predict"]
-            again, printed = run_script(out, "sst2", "SST-2", *model)
-            self.check_task_file(out, "sst2", "SST-2", "SST-2.tsv", TEST_ROWS, again, printed)
+            again, printed, warned = run_script(out, "sst2", "SST-2", *model)
+            self.check_task_file(out, "sst2", "SST-2", "SST-2.tsv", TEST_ROWS, again, printed, warned)
             with open(os.path.join(trained, "submission", "SST-2.tsv"), "rb") as a, \
                     open(os.path.join(out, "submission", "SST-2.tsv"), "rb") as b:
                 self.assertEqual(a.read(), b.read())
             self.assertEqual(again["eval"]["accuracy"], result["eval"]["accuracy"])
-            self.assertEqual(sorted(os.listdir(out)), ["eval_results.json", "predictions_test.tsv",
-                                                       "predictions_validation.tsv", "submission", "submission.zip"])
+            self.assertEqual(sorted(os.listdir(out)), ["eval_results.json", "predict_results.json",
+                                                       "predictions_test.tsv", "predictions_validation.tsv",
+                                                       "submission", "submission.zip"])
             self.assertEqual(run_dir.read_final_eval(out)["accuracy"], result["eval"]["accuracy"])
 
 
