@@ -97,6 +97,12 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
         if self.peft != "none":
             raise UsageError(f"--peft {self.peft} trains a new adapter; with --do_train false pass the trained "
                              "model's merged export (its best/ or final/) as --model_name_or_path, without --peft")
+        mixing = self.mixture_flags_set()
+        if mixing:
+            one = len(mixing) == 1
+            raise UsageError(f"{' and '.join(mixing)} {'sets' if one else 'set'} how training draws rows from a "
+                             "mixture's tasks, and --do_train false trains nothing (it evaluates every task on all its "
+                             f"rows): drop {'it' if one else 'them'}")
 
 
 def main(argv: list[str] | None = None) -> dict:
