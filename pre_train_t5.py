@@ -21,7 +21,7 @@ from accelerate.utils import set_seed
 
 import denoisers
 from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
-from t5_training import agreement, batch_size, checkpoint, corpus, data, evaluation, loop, run_dir, runtime
+from t5_training import agreement, batch_size, corpus, data, evaluation, loop, run_dir, runtime
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
 from t5_training.samplers import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
@@ -110,8 +110,7 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
 def main(argv: list[str] | None = None) -> dict:
     """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(PreTrainConfig, argv)
-    resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
-                                              config.resume_from_checkpoint)
+    resume_path = run_dir.check_output_dir(config)
     accelerator = runtime.build_accelerator(config)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)

@@ -35,7 +35,10 @@ class TrainingConfig:
     """Settings of the shared training loop (`t5_training.loop`)."""
 
     output_dir: str = field(default="runs/default", metadata={"help": "Where checkpoints, exports and results go."})
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow writing into a non-empty output_dir."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Start over in a non-empty output_dir: once the inputs are checked, delete "
+                                         "what an earlier run wrote there (checkpoints, best/, final/, results, "
+                                         "predictions, submission files); files no run writes stay."})
     max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; overrides num_train_epochs when > 0."})
     num_train_epochs: float = 3.0
     per_device_train_batch_size: int = 8
