@@ -33,7 +33,7 @@ from typing import Literal
 from accelerate.utils import set_seed
 
 from constants import DATASET_VALS
-from t5_training import (adapters, agreement, batch_size, checkpoint, data, evaluation, loop, mixture, multitask,
+from t5_training import (adapters, agreement, batch_size, data, evaluation, loop, mixture, multitask,
                          run_dir, runtime, submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
@@ -102,14 +102,19 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
         if self.peft != "none":
             raise UsageError(f"--peft {self.peft} trains a new adapter; with --do_train false pass the trained "
                              "model's merged export (its best/ or final/) as --model_name_or_path, without --peft")
+        mixing = self.mixture_flags_set()
+        if mixing:
+            one = len(mixing) == 1
+            raise UsageError(f"{' and '.join(mixing)} {'sets' if one else 'set'} how training draws rows from a "
+                             "mixture's tasks, and --do_train false trains nothing (it evaluates every task on all its "
+                             f"rows): drop {'it' if one else 'them'}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Parses and builds; trains and exports (or only evaluates: --do_train false); predicts (--do_predict)."""
     config = parse_config(FineTuneConfig, argv)
     entries = multitask.entries(config)
-    resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
-                                              config.resume_from_checkpoint)
+    resume_path = run_dir.check_output_dir(config)
     accelerator = runtime.build_accelerator(config)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
@@ -161,7 +166,7 @@ def evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings):
     """--do_train false: the model's metrics on the eval splits, logged and written to eval_results.json."""
     model, eval_loaders = runtime.prepare_inference(
         accelerator, model, data.ordered_loaders(multitask.eval_splits(tasks), config, tokenizer, start_id))
-    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=False)
+    run_dir.start_output_dir(accelerator, config, resuming=False)
     runtime.init_trackers(accelerator, config, config.project_name)
     model.eval()
     results = multitask.make_evaluator(accelerator, config, tasks, eval_loaders, tokenizer, decodings)(model)

@@ -21,7 +21,7 @@ from accelerate.utils import set_seed
 
 import denoisers
 from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
-from t5_training import agreement, batch_size, checkpoint, corpus, data, evaluation, loop, run_dir, runtime
+from t5_training import agreement, batch_size, corpus, data, evaluation, loop, run_dir, runtime
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
 from t5_training.samplers import EpochShuffleSampler
 from t5_training.errors import UsageError, run_cli
@@ -57,11 +57,15 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
         default=None, metadata={"help": "A YAML list of denoisers for --objective ul2, each with name, kind (span "
                                         "or prefix), mean_noise_span_length, noise_density, mode_token, rate."})
     max_seq_length: int = field(default=512, metadata={"help": "Encoder input length after corruption."})
-    noise_density: float = SPAN_NOISE[0]
+    noise_density: float = field(
+        default=SPAN_NOISE[0], metadata={"help": "Span corruption's share of noise tokens (not with --objective "
+                                                 "prefix_lm or ul2)."})
     eos_between_documents: bool = field(
         default=False, metadata={"help": "Put an EOS after each document when packing. T5 packs documents end "
                                          "to end (the default) and appends EOS after corruption only."})
-    mean_noise_span_length: float = SPAN_NOISE[1]
+    mean_noise_span_length: float = field(
+        default=SPAN_NOISE[1], metadata={"help": "Span corruption's mean noise span length (not with --objective "
+                                                 "prefix_lm or ul2)."})
     max_eval_samples: int = field(default=200, metadata={"help": "Validation chunks."})
     preprocessing_num_workers: int | None = None
     project_name: str = field(default="t5-pretrain", metadata={"help": "Tracker (W&B) project."})
@@ -89,12 +93,24 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
             raise UsageError("--noise_density and --mean_noise_span_length are span corruption's; with --objective "
                              "ul2 each denoiser has its own: list them in a --denoisers file")
 
+    def check_given(self, given: frozenset[str]) -> None:
+        """Refuses span corruption's flags, typed (`given`) even at their defaults, with another objective."""
+        typed = [f"--{name}" for name in ("noise_density", "mean_noise_span_length") if name in given]
+        if not typed or self.objective == "span_corruption":
+            return
+        flags, one = " and ".join(typed), len(typed) == 1
+        flags += " is span corruption's" if one else " are span corruption's"
+        if self.objective == "ul2":
+            raise UsageError(f"{flags}; with --objective ul2 each denoiser has its own: list them in a --denoisers "
+                             "file")
+        raise UsageError(f"{flags}; --objective prefix_lm corrupts no spans (it cuts each chunk into a prefix and its "
+                         f"continuation): drop {'it' if one else 'them'}, or use --objective span_corruption")
+
 
 def main(argv: list[str] | None = None) -> dict:
     """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(PreTrainConfig, argv)
-    resume_path = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir,
-                                              config.resume_from_checkpoint)
+    resume_path = run_dir.check_output_dir(config)
     accelerator = runtime.build_accelerator(config)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)

@@ -31,6 +31,10 @@ ADAPTER_DIR = "adapter"
 # What --prompt_init names, in peft's terms. Sampled vocabulary embeddings are the default:
 # Lester et al. (2021) found random prompts lag far behind on T5, and peft's own default is random.
 _PROMPT_INIT = {"random": "RANDOM", "vocab": "SAMPLE_VOCAB", "text": "TEXT"}
+# The flags that tune one method alone (--use_dora, LoRA's too, is refused in __post_init__).
+METHOD_FLAGS = {"lora": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
+                "ia3": ("ia3_target_modules", "ia3_feedforward_modules"),
+                "prompt_tuning": ("num_virtual_tokens", "prompt_init", "prompt_init_text")}
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,22 @@ class AdapterConfig:
         parent = super()
         if hasattr(parent, "__post_init__"):
             parent.__post_init__()
+
+    def check_given(self, given: frozenset[str]) -> None:
+        """Refuses another method's flags (`given`: the flags typed): without its --peft they would do nothing."""
+        for method, names in METHOD_FLAGS.items():
+            typed = [f"--{name}" for name in names if name in given]
+            if typed and method != self.peft:
+                one = len(typed) == 1
+                flags, verb, them = " and ".join(typed), "applies" if one else "apply", "it" if one else "them"
+                if self.peft == "none":
+                    raise UsageError(f"{flags} {verb} to --peft {method}, and this run trains the whole model "
+                                     f"(--peft none): add --peft {method}, or drop {them}")
+                raise UsageError(f"{flags} {verb} to --peft {method}, and this run trains --peft {self.peft}: drop "
+                                 f"{them}, or use --peft {method}")
+        parent = super()
+        if hasattr(parent, "check_given"):
+            parent.check_given(given)
 
 
 def in_use(config) -> bool:

@@ -285,8 +285,9 @@ def check_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: s
     """Checks that the run may write to `output_dir`; returns the checkpoint to resume from, if any.
 
     A non-empty folder is only written to when resuming from it or with --overwrite_output_dir.
-    Runs first, on every process, and writes nothing: the folder is created once every input
-    has been checked (`start_output_dir`), so a refused run leaves no trace.
+    Runs first, on every process, and writes nothing: the folder is created (and an earlier run
+    in it deleted) once every input has been checked (`run_dir.start_output_dir`), so a refused
+    run leaves no trace.
     """
     resume = resolve_resume(resume_from_checkpoint, output_dir)
     if resume or not os.path.isdir(output_dir) or not os.listdir(output_dir):
@@ -298,21 +299,3 @@ def check_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: s
         raise UsageError(f"--output_dir {output_dir} is not empty; pass --overwrite_output_dir to start over there, "
                          "--resume_from_checkpoint auto to continue, or choose a new folder")
     return None
-
-
-def start_output_dir(accelerator, output_dir: str, resuming: bool) -> None:
-    """Creates `output_dir` and, for a fresh run (--overwrite_output_dir), deletes an earlier run's checkpoints.
-
-    Left in place they would be mistaken for this run's by 'auto' and by rotation. Called once
-    the inputs have been checked, so a run refused for bad input deletes nothing.
-    """
-    if accelerator.is_main_process:
-        os.makedirs(output_dir, exist_ok=True)
-    accelerator.wait_for_everyone()
-    if resuming:
-        return
-    if accelerator.is_main_process:
-        for name in os.listdir(output_dir):
-            if _STEP_DIR.match(name) or name.startswith(".tmp-step-"):
-                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-    accelerator.wait_for_everyone()

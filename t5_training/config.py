@@ -35,7 +35,10 @@ class TrainingConfig:
     """Settings of the shared training loop (`t5_training.loop`)."""
 
     output_dir: str = field(default="runs/default", metadata={"help": "Where checkpoints, exports and results go."})
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow writing into a non-empty output_dir."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Start over in a non-empty output_dir: once the inputs are checked, delete "
+                                         "what an earlier run wrote there (checkpoints, best/, final/, results, "
+                                         "predictions, submission files); files no run writes stay."})
     max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; overrides num_train_epochs when > 0."})
     num_train_epochs: float = 3.0
     per_device_train_batch_size: int = 8
@@ -69,7 +72,8 @@ class TrainingConfig:
     save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps; 0 saves at the end only."})
     save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept in output_dir; 0 keeps all."})
     early_stopping_patience: int = field(
-        default=0, metadata={"help": "Stop after N evaluations without improvement; 0 never stops early."}
+        default=0, metadata={"help": "Stop after N evaluations without improvement (needs --eval_steps); 0 never "
+                                     "stops early."}
     )
     report_to: Literal["none", "wandb", "tensorboard", "all"] = "none"
     run_name: str | None = None
@@ -112,6 +116,10 @@ class TrainingConfig:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
             raise UsageError(f"--learning_rate must be positive, got {self.learning_rate}")
+        if self.early_stopping_patience and not self.eval_steps:
+            raise UsageError(f"--early_stopping_patience {self.early_stopping_patience} counts evaluations without "
+                             "improvement, and --eval_steps 0 evaluates once, at the end: set --eval_steps N to "
+                             "evaluate every N steps, or drop --early_stopping_patience")
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,8 @@ def parse_config(cls: type[C], argv: Sequence[str] | None) -> C:
 
     Values in the file come first, so any flag on the command line overrides them. Both
     `--flag value` and `--flag=value` (what a W&B agent passes) work. An unknown or misspelt
-    flag, in the file or on the command line, raises `UsageError` naming the closest flag.
+    flag, in the file or on the command line, raises `UsageError` naming the closest flag; so
+    does a flag the config's `check_given` finds has nothing to do beside the others given.
     """
     words = list(argv or [])
     words = _expand_config_file(words)
@@ -158,7 +167,21 @@ def parse_config(cls: type[C], argv: Sequence[str] | None) -> C:
     )
     if remaining:
         raise UsageError(f"unexpected argument {remaining[0]!r}; flags look like --name value")
+    check_given = getattr(config, "check_given", None)
+    if check_given is not None:
+        check_given(given_flags(parser, words))
     return config
+
+
+def given_flags(parser: HfArgumentParser, words: Sequence[str]) -> frozenset[str]:
+    """The fields that `words` (the command line and the --config file's keys) set, whatever the value.
+
+    A config's `check_given(given)` uses them to refuse a flag the user typed where the other
+    flags leave it nothing to do: a value alone cannot tell a typed default from an untouched one.
+    """
+    fields = {option: action.dest for action in parser._actions for option in action.option_strings}
+    return frozenset(fields[word.split("=", 1)[0]] for word in words
+                     if word.startswith("--") and word.split("=", 1)[0] in fields)
 
 
 def _expand_config_file(words: list[str]) -> list[str]:

@@ -42,19 +42,23 @@ class MixtureConfig:
     """The mixture flags of fine_tune_t5.py; they apply when --dataset_name names several tasks."""
 
     mixing: Literal[MODES] | None = field(
-        default=None, metadata={"help": "How a mixture (--dataset_name all or a comma list) samples its tasks, "
-                                        "as T5 section 3.5.2: examples_proportional (the default), temperature, "
-                                        "equal."})
+        default=None, metadata={"help": "How a mixture (--dataset_name all or a comma list) samples its tasks "
+                                        "in training, as T5 section 3.5.2: examples_proportional (the default), "
+                                        "temperature, equal."})
     mixing_cap: int | None = field(
         default=None, metadata={"help": "T5's artificial data set size limit K: a task counts at most K training "
                                         "examples (before the temperature). Unset: no limit."})
     mixing_temperature: float | None = field(
         default=None, metadata={"help": "T for --mixing temperature: rates proportional to size^(1/T)."})
 
+    def mixture_flags_set(self) -> list[str]:
+        """The flags above that were set (as --name): unset, each is None."""
+        names = ("mixing", "mixing_cap", "mixing_temperature")
+        return [f"--{name}" for name in names if getattr(self, name) is not None]
+
     def check_mixture_flags(self, tasks: Sequence[str]) -> None:
         """One line for each misuse of the flags above, given the tasks --dataset_name named."""
-        given = [f"--{name}" for name in ("mixing", "mixing_cap", "mixing_temperature")
-                 if getattr(self, name) is not None]
+        given = self.mixture_flags_set()
         if len(tasks) < 2:
             if given:
                 raise UsageError(f"{given[0]} mixes several tasks, and --dataset_name names one ({tasks[0]}); "

@@ -4,9 +4,11 @@ A run writes, in its --output_dir:
   step-NNNNNN/train_state.json   per checkpoint: step, data position, per-step losses, evaluations
   best/, final/                  exports that from_pretrained loads
   train_results.json, eval_results.json   written when the run finishes, after final/
+and, from other modules, predictions, GLUE's submission files, a mixture's record and a
+tensorboard log (RUN_FILES); a run that starts over there deletes all of them first.
 
-Writing: `resume` (before anything is written), `save` (a checkpoint, then rotation), `export`
-and `write_results`; `checkpoint` holds the mechanics of each file. Reading: the sweep runner,
+Writing: `check_output_dir` and `resume` (before anything is written), `save` (a checkpoint, then
+rotation), `export` and `write_results`; `checkpoint` holds the mechanics of each file. Reading: the sweep runner,
 the demo, the benchmarks and the tests read runs through the read_* functions,
 so what "finished" and "newest checkpoint" mean is decided here once: only complete
 checkpoints count (checkpoint.list_checkpoints), and a run is finished when its export and both
@@ -16,16 +18,102 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 
 import torch
 
 from t5_training import adapters, agreement, checkpoint, reporting, resume as layouts
-from t5_training.errors import DivergedError
+from t5_training.errors import DivergedError, UsageError, WriteError
 
 RESULTS_FILES = {"train": "train_results.json", "eval": "eval_results.json"}
+LOSS_CURVE = "loss_curve.png"
+# Every name a run writes at the top of --output_dir (checkpoint, evaluation, submission and mixture
+# write the ones not defined here), each also as "<name>.tmp" while it is being written: what
+# --overwrite_output_dir deletes. Anything else there (a sweep's trial.log, the user's own files) is
+# not a run's, and stays.
+_NAMED = ("best", "final", *RESULTS_FILES.values(), LOSS_CURVE, "submission", "submission.zip", "mixture_rows.tsv",
+          "mixture_rates.json")
+RUN_FILES = re.compile(r"(step-\d+|\.tmp-step-\d+|predictions_.+\.tsv|" + "|".join(map(re.escape, _NAMED))
+                       + r")(\.tmp)?")
+# --report_to tensorboard writes these under output_dir/<--project_name>/ (accelerate's tracker).
+TENSORBOARD_FILES = re.compile(r"events\.out\.tfevents\..+|hparams\.yml")
+# The flags that name what a run reads: starting over must not delete them first.
+INPUT_FLAGS = ("model_name_or_path", "config_name", "tokenizer_name", "train_file", "validation_file", "data_dir",
+               "denoisers")
 
 
 # --- writing -------------------------------------------------------------------------------------
+
+def check_output_dir(config) -> str | None:
+    """Checks that the run may write to --output_dir; returns the checkpoint to resume from, if any.
+
+    checkpoint.check_output_dir's rules, and one more: a run that starts over there
+    (--overwrite_output_dir) must not read what it will delete, such as its --model_name_or_path
+    in the earlier run's final/. Runs on every process and writes nothing.
+    """
+    resume = checkpoint.check_output_dir(config.output_dir, config.overwrite_output_dir, config.resume_from_checkpoint)
+    if resume or not config.overwrite_output_dir:
+        return resume
+    earlier = earlier_run(config.output_dir)
+    for name in INPUT_FLAGS:
+        value = getattr(config, name, None)
+        for path in value if isinstance(value, (list, tuple)) else [value]:
+            inside = next((old for old in earlier if path and _within(path, old)), None)
+            if inside:
+                raise UsageError(f"--{name} {path} lies in {inside}, which --overwrite_output_dir deletes before this "
+                                 f"run starts: copy it out of --output_dir {config.output_dir} first, or choose "
+                                 "another --output_dir")
+    return None
+
+
+def earlier_run(output_dir: str) -> list[str]:
+    """What an earlier run wrote at the top of `output_dir` (RUN_FILES and a tensorboard log), as paths."""
+    if not os.path.isdir(output_dir):
+        return []
+    return [os.path.join(output_dir, name) for name in sorted(os.listdir(output_dir))
+            if RUN_FILES.fullmatch(name) or _is_tensorboard_log(os.path.join(output_dir, name))]
+
+
+def _is_tensorboard_log(path: str) -> bool:
+    # Only a folder that holds the tracker's files and nothing else: never a user's folder.
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    names = [name for _, _, files in os.walk(path) for name in files]
+    return bool(names) and all(TENSORBOARD_FILES.fullmatch(name) for name in names)
+
+
+def _within(path: str, folder: str) -> bool:
+    # Through links too: a model reached by a link into the folder is deleted all the same.
+    return any(p == f or p.startswith(f + os.sep) for p, f in ((os.path.abspath(path), os.path.abspath(folder)),
+                                                               (os.path.realpath(path), os.path.realpath(folder))))
+
+
+def start_output_dir(accelerator, config, resuming: bool) -> None:
+    """Creates --output_dir; a run starting over there (--overwrite_output_dir) first deletes the earlier run.
+
+    Left in place, its checkpoints would be taken for this run's by 'auto' and by rotation, and
+    its exports, results, predictions and submission files would make the folder read as a run
+    this one is not. Called once every input has been checked, so a refused run deletes nothing.
+    Only the main process deletes; the others wait. A link is removed, never followed.
+    """
+    def start() -> None:
+        if not accelerator.is_main_process:
+            return
+        earlier = earlier_run(config.output_dir) if config.overwrite_output_dir and not resuming else []
+        try:
+            os.makedirs(config.output_dir, exist_ok=True)
+            for path in earlier:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+        except OSError as err:
+            raise WriteError(f"could not create or clear --output_dir {config.output_dir} ({err.strerror}: "
+                             f"{err.filename}); fix its permissions, or choose another --output_dir") from None
+
+    agreement.on_every_process(accelerator, start)
+
 
 def resume(accelerator, config, path: str | None, state, scheduler, *, streaming: bool = False, check=None):
     """Loads checkpoint `path` (if any) into `state` and the scheduler, then opens the output folder.
@@ -42,7 +130,7 @@ def resume(accelerator, config, path: str | None, state, scheduler, *, streaming
         if check:
             check(state, path)
         accelerator.print(f"resumed from {path} at step {state.step}")
-    checkpoint.start_output_dir(accelerator, config.output_dir, resuming=bool(path))
+    start_output_dir(accelerator, config, resuming=bool(path))
     return state
 
 
@@ -116,7 +204,7 @@ def write_results(accelerator, config, state, objective, per_epoch: int) -> dict
         reporting.write_json(os.path.join(output_dir, RESULTS_FILES["train"]), train_results)
         reporting.write_json(os.path.join(output_dir, RESULTS_FILES["eval"]), eval_results)
         if state.losses:
-            reporting.save_loss_curves(os.path.join(output_dir, "loss_curve.png"),
+            reporting.save_loss_curves(os.path.join(output_dir, LOSS_CURVE),
                                        {"training loss": {"train": state.losses}})
         rows = [{"metric": k, "value": v} for k, v in last_eval.items()]
         rows += [{"metric": k, "value": v} for k, v in train_results.items()]

@@ -29,12 +29,13 @@ def _write(path: str, content: str | bytes) -> str:
 
 
 def _earlier_run(out: str) -> None:
-    """What a finished run leaves: a complete checkpoint, results, and a user's note."""
+    """What a finished run leaves: a complete checkpoint, an export, results, and a user's note."""
     step = os.path.join(out, "step-000002")
     _write(os.path.join(step, "model.safetensors"), b"weights")
     _write(os.path.join(step, "checkpoint.json"),
            json.dumps({"step": 2, "files": {"model.safetensors": len(b"weights")}}))
     _write(os.path.join(out, "eval_results.json"), '{"accuracy": 81.0}')
+    _write(os.path.join(out, "best", "config.json"), '{"model_type": "t5"}')
     _write(os.path.join(out, "notes.txt"), "earlier results\n")
 
 
@@ -105,6 +106,21 @@ CASES = [
      "--denoisers lists a mixture of denoisers, which --objective prefix_lm is not", "drop --objective"),
     ("ul2_with_span_noise", PRE_TRAIN, ["--objective", "ul2", "--noise_density", "0.3"],
      "--noise_density and --mean_noise_span_length are span corruption's", "list them in a --denoisers file"),
+    # Flags that would do nothing beside the others given.
+    ("lora_flag_without_peft", FINE_TUNE, ["--lora_r", "16"], "--lora_r applies to --peft lora",
+     "add --peft lora, or drop it"),
+    ("patience_without_evaluations", FINE_TUNE, ["--early_stopping_patience", "2"],
+     "--early_stopping_patience 2 counts evaluations without improvement", "set --eval_steps N"),
+    ("mixing_without_training", FINE_TUNE, ["--do_train", "false", "--model_name_or_path", "{f}/no_model",
+                                            "--dataset_name", "sst2,cola", "--data_dir", "{glue}",
+                                            "--mixing_cap", "100"],
+     "--mixing_cap sets how training draws rows from a mixture's tasks", "drop it"),
+    ("span_noise_with_prefix_lm", PRE_TRAIN, ["--objective", "prefix_lm", "--noise_density", "0.3"],
+     "--noise_density is span corruption's; --objective prefix_lm corrupts no spans",
+     "use --objective span_corruption"),
+    # Starting over would delete what the run reads.
+    ("overwrite_deletes_an_input", FINE_TUNE, ["--tokenizer_name", "{out}/best"],
+     "out/best, which --overwrite_output_dir deletes before this run starts", "copy it out of --output_dir"),
     ("ul2_without_mode_tokens", PRE_TRAIN, ["--objective", "ul2", "--tokenizer_name", "{f}/no_modes"],
      "has no mode tokens ['[NLG]', '[NLU]', '[S2S]']", "train one with `python -m t5_training.tokenizer`"),
     # At 512, UL2's X(mu=3, r=0.5) corrupts 127 spans; the tokenizer command gives 100 sentinels.

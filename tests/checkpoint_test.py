@@ -172,11 +172,9 @@ class RotateCheckpointsTest(_TmpDirTest):
 class PrepareOutputDirTest(_TmpDirTest):
 
     def test_missing_dir_is_not_created_yet(self):
-        # Creating it waits until every input is checked (start_output_dir).
+        # Creating it waits until every input is checked (run_dir.start_output_dir).
         self.assertIsNone(checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint=None))
         self.assertFalse(os.path.exists(self.out))
-        checkpoint.start_output_dir(accelerate.Accelerator(cpu=True), self.out, resuming=False)
-        self.assertEqual(os.listdir(self.out), [])
 
     def test_empty_dir_is_fine(self):
         os.makedirs(self.out)
@@ -209,23 +207,7 @@ class PrepareOutputDirTest(_TmpDirTest):
         self._fill()
         before = fixtures.snapshot(self.out)
         self.assertIsNone(checkpoint.check_output_dir(self.out, overwrite=True, resume_from_checkpoint=None))
-        # Deleting waits until the run's inputs are checked (start_output_dir).
-        self.assertEqual(fixtures.snapshot(self.out), before)
-
-    def test_starting_afresh_removes_old_checkpoints_only(self):
-        self._fill()
-        best_before = fixtures.snapshot(os.path.join(self.out, "best"))
-        checkpoint.start_output_dir(accelerate.Accelerator(cpu=True), self.out, resuming=False)
-        self.assertEqual(sorted(os.listdir(self.out)), ["best", "train_results.json"])
-        with open(os.path.join(self.out, "train_results.json")) as f:
-            self.assertEqual(f.read(), '{"train_loss": 1.5}')
-        self.assertEqual(fixtures.snapshot(os.path.join(self.out, "best")), best_before)
-        self.assertIn("weights.bin", best_before)
-
-    def test_starting_a_resumed_run_deletes_nothing(self):
-        self._fill()
-        before = fixtures.snapshot(self.out)
-        checkpoint.start_output_dir(accelerate.Accelerator(cpu=True), self.out, resuming=True)
+        # Deleting waits until the run's inputs are checked (run_dir.start_output_dir).
         self.assertEqual(fixtures.snapshot(self.out), before)
 
     @parameterized.named_parameters(("without_overwrite", False), ("with_overwrite", True))

@@ -13,6 +13,7 @@ from absl.testing import absltest, parameterized
 from absl.testing.absltest import mock
 
 import fine_tune_t5  # importing the script must not start a run
+import pre_train_t5
 from tests import fixtures
 from t5_training.config import TrainingConfig, config_to_dict, parse_config
 from t5_training.errors import UsageError
@@ -156,6 +157,97 @@ class ParseConfigTest(parameterized.TestCase):
         values = config_to_dict(parse("--seed", "5", "--dataset_name", "cola"))
         self.assertEqual((values["seed"], values["dataset_name"], values["learning_rate"]), (5, "cola", 3e-4))
         self.assertEqual(set(values), {f.name for f in dataclasses.fields(FineTuneConfig)})
+
+
+WHOLE_MODEL = "and this run trains the whole model (--peft none)"
+SPAN_FLAGS_FOR_PREFIX_LM = ("span corruption's; --objective prefix_lm corrupts no spans (it cuts each chunk into a "
+                            "prefix and its continuation)")
+
+
+class FlagsWithoutEffectTest(parameterized.TestCase):
+    """A flag typed where the other flags give it nothing to do is refused in one line, never ignored."""
+
+    @parameterized.named_parameters(
+        ("lora_without_peft", ["--lora_r", "16", "--lora_alpha", "32"],
+         f"--lora_r and --lora_alpha apply to --peft lora, {WHOLE_MODEL}: add --peft lora, or drop them"),
+        ("lora_targets_without_peft", ["--lora_target_modules=q,k,v"],
+         f"--lora_target_modules applies to --peft lora, {WHOLE_MODEL}: add --peft lora, or drop it"),
+        ("lora_dropout_with_ia3", ["--peft", "ia3", "--lora_dropout", "0.1"],
+         "--lora_dropout applies to --peft lora, and this run trains --peft ia3: drop it, or use --peft lora"),
+        ("ia3_with_lora", ["--peft", "lora", "--ia3_target_modules", "k,v", "--ia3_feedforward_modules", "wo"],
+         "--ia3_target_modules and --ia3_feedforward_modules apply to --peft ia3, and this run trains --peft lora: "
+         "drop them, or use --peft ia3"),
+        ("virtual_tokens_without_peft", ["--num_virtual_tokens", "10"],
+         f"--num_virtual_tokens applies to --peft prompt_tuning, {WHOLE_MODEL}: add --peft prompt_tuning, or drop it"),
+        # The default value, typed, counts: the user expected it to do something.
+        ("virtual_tokens_default_with_lora", ["--peft", "lora", "--num_virtual_tokens", "20"],
+         "--num_virtual_tokens applies to --peft prompt_tuning, and this run trains --peft lora: drop it, or use "
+         "--peft prompt_tuning"),
+        ("prompt_init_with_ia3", ["--peft", "ia3", "--prompt_init", "random"],
+         "--prompt_init applies to --peft prompt_tuning, and this run trains --peft ia3: drop it, or use "
+         "--peft prompt_tuning"),
+        ("patience_without_evaluations", ["--early_stopping_patience", "3"],
+         "--early_stopping_patience 3 counts evaluations without improvement, and --eval_steps 0 evaluates once, at "
+         "the end: set --eval_steps N to evaluate every N steps, or drop --early_stopping_patience"),
+        ("mixing_without_training", ["--do_train", "false", "--model_name_or_path", "m", "--dataset_name", "cola,sst2",
+                                     "--mixing", "temperature", "--mixing_temperature", "2"],
+         "--mixing and --mixing_temperature set how training draws rows from a mixture's tasks, and --do_train false "
+         "trains nothing (it evaluates every task on all its rows): drop them"),
+        ("mixing_cap_without_training", ["--do_train", "false", "--model_name_or_path", "m", "--dataset_name", "all",
+                                         "--mixing_cap", "1000"],
+         "--mixing_cap sets how training draws rows from a mixture's tasks, and --do_train false trains nothing "
+         "(it evaluates every task on all its rows): drop it"),
+    )
+    def test_fine_tune_refuses(self, words, line):
+        with self.assertRaises(UsageError) as raised:
+            parse(*words)
+        self.assertEqual(str(raised.exception), line)
+
+    @parameterized.named_parameters(
+        ("density_with_prefix_lm", ["--objective", "prefix_lm", "--noise_density", "0.3"],
+         f"--noise_density is {SPAN_FLAGS_FOR_PREFIX_LM}: drop it, or use --objective span_corruption"),
+        ("both_at_their_defaults_with_prefix_lm", ["--objective=prefix_lm", "--noise_density", "0.15",
+                                                   "--mean_noise_span_length", "3"],
+         f"--noise_density and --mean_noise_span_length are {SPAN_FLAGS_FOR_PREFIX_LM}: drop them, or use "
+         "--objective span_corruption"),
+        ("span_length_at_its_default_with_ul2", ["--objective", "ul2", "--mean_noise_span_length", "3"],
+         "--mean_noise_span_length is span corruption's; with --objective ul2 each denoiser has its own: list them "
+         "in a --denoisers file"),
+    )
+    def test_pre_train_refuses(self, words, line):
+        with self.assertRaises(UsageError) as raised:
+            parse_config(pre_train_t5.PreTrainConfig, ["--train_file", "x.txt", *words])
+        self.assertEqual(str(raised.exception), line)
+
+    @parameterized.named_parameters(
+        ("lora", ["--peft", "lora", "--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0.1",
+                  "--lora_target_modules", "q,v"]),
+        ("ia3", ["--peft", "ia3", "--ia3_target_modules", "k,v,wo", "--ia3_feedforward_modules", "wo"]),
+        ("prompt_tuning", ["--peft", "prompt_tuning", "--num_virtual_tokens", "5", "--prompt_init", "random"]),
+        ("patience_with_evaluations", ["--eval_steps", "10", "--early_stopping_patience", "2"]),
+        ("patience_zero", ["--early_stopping_patience", "0"]),  # 0 is "never stop early": nothing expected
+        ("mixture_trained", ["--dataset_name", "cola,sst2", "--mixing", "temperature", "--mixing_temperature", "2"]),
+        ("mixture_evaluated", ["--do_train", "false", "--model_name_or_path", "m", "--dataset_name", "cola,sst2"]),
+    )
+    def test_fine_tune_accepts_flags_that_apply(self, words):
+        parse(*words)
+
+    @parameterized.named_parameters(
+        ("span_corruption", ["--noise_density", "0.3", "--mean_noise_span_length", "5"]),
+        ("span_corruption_named", ["--objective", "span_corruption", "--noise_density", "0.3"]),
+        ("prefix_lm", ["--objective", "prefix_lm"]),
+    )
+    def test_pre_train_accepts_flags_that_apply(self, words):
+        parse_config(pre_train_t5.PreTrainConfig, ["--train_file", "x.txt", *words])
+
+    def test_a_config_file_names_flags_as_the_command_line_does(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "run.yaml")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("lora_r: 4\nlearning_rate: 1e-4\n")
+            with self.assertRaisesRegex(UsageError, r"^--lora_r applies to --peft lora, and this run trains the"):
+                parse("--config", path)
+            self.assertEqual(parse("--config", path, "--peft", "lora").lora_r, 4)
 
 
 class ConfigFileTest(fixtures.TempDirTestCase):

@@ -1,16 +1,19 @@
 """run_dir: saving into a run folder, and the one reader of it, on folders laid out as a run leaves them."""
 import json
 import os
+import shutil
 import tempfile
 from unittest import mock
 
 import accelerate
 import torch
-from absl.testing import absltest
+from absl.testing import absltest, parameterized
 
-from t5_training import checkpoint, loop, run_dir
+import fine_tune_t5
+import pre_train_t5
+from t5_training import checkpoint, loop, mixture, run_dir, submission
 from t5_training.config import TrainingConfig
-from t5_training.errors import DivergedError
+from t5_training.errors import DivergedError, UsageError
 from tests import fixtures
 
 
@@ -89,6 +92,149 @@ class SaveTest(absltest.TestCase):
             self.assertEqual(sorted(n for n in os.listdir(out) if n.startswith("step-")),
                              ["step-000002", "step-000006"])
             self.assertEqual(run_dir.read_state(out, step=2)["best_step"], 2)
+
+
+# Every kind of file an earlier run leaves at the top of its folder (checkpoints whole, half-saved
+# and being saved; exports; results; predictions; GLUE's files; a mixture's record; a tensorboard
+# log; files caught mid-write), and what is not a run's: it must survive --overwrite_output_dir.
+LEFTOVERS = ["step-000002/", "step-000004/", ".tmp-step-000006/", "best/", "final/", "final.tmp/",
+             "train_results.json", "eval_results.json", "eval_results.json.tmp", "loss_curve.png",
+             "predictions_validation.tsv", "predictions_cola_validation.tsv", "predictions_test.tsv",
+             "submission/", "submission.zip", "mixture_rows.tsv", "mixture_rates.json", "t5-fine-tune/"]
+NOT_A_RUNS = ["notes.txt", "trial.log", "my_data/", "step-notes", "best_model.txt", "t5-fine-tune.tsv"]
+
+
+def _leftovers(out):
+    _checkpoint(out, 2, [3.0, 2.5])
+    _checkpoint(out, 4, [3.0], complete=False)
+    _write(os.path.join(out, ".tmp-step-000006", checkpoint.STATE_FILE), {"step": 6})
+    for export in ("best", "final", "final.tmp"):
+        _write(os.path.join(out, export, "config.json"), {"d_model": 16})
+    _write(os.path.join(out, "final", "adapter", "adapter_config.json"), {"r": 8})
+    _write(os.path.join(out, "train_results.json"), {"train_steps": 99})
+    _write(os.path.join(out, "eval_results.json"), {"accuracy": 12.5, "best_step": 99})
+    for name in LEFTOVERS[8:13]:
+        _write(os.path.join(out, name), "old")
+    _write(os.path.join(out, "submission", "STS-B.tsv"), "index\tprediction\n0\t2.5\n")
+    _write(os.path.join(out, "submission", "CoLA.tsv"), "index\tprediction\n0\t1\n")
+    for name in ("submission.zip", "mixture_rows.tsv", "mixture_rates.json"):
+        _write(os.path.join(out, name), "old")
+    # What tensorboard wrote, under whatever --project_name the earlier run had.
+    _write(os.path.join(out, "t5-fine-tune", "events.out.tfevents.1700000000.host.1.0"), "old")
+    _write(os.path.join(out, "t5-fine-tune", "1700000001.5", "events.out.tfevents.1700000001.host.1.1"), "old")
+    _write(os.path.join(out, "t5-fine-tune", "1700000001.5", "hparams.yml"), "seed: 42\n")
+    for name in NOT_A_RUNS:
+        _write(os.path.join(out, name.rstrip("/"), "data.txt") if name.endswith("/") else
+               os.path.join(out, name), "the user's")
+
+
+def _listing(out):
+    return sorted(name + "/" * os.path.isdir(os.path.join(out, name)) for name in os.listdir(out))
+
+
+def _config(out, **flags):
+    return fine_tune_t5.FineTuneConfig(output_dir=out, **flags)
+
+
+class OverwriteTest(fixtures.TempDirTestCase):
+    """--overwrite_output_dir: a run that starts over leaves its folder holding this run alone."""
+
+    def setUp(self):
+        super().setUp()
+        self.out = os.path.join(self.dir, "out")
+        _leftovers(self.out)
+        self.assertEqual(_listing(self.out), sorted(LEFTOVERS + NOT_A_RUNS))
+
+    def test_the_leftovers_are_named_as_the_modules_write_them(self):
+        for name in (submission.SUBMISSION_DIR + "/", submission.ZIP_NAME, mixture.ROWS_FILE, mixture.RATES_FILE,
+                     *run_dir.RESULTS_FILES.values(), run_dir.LOSS_CURVE, os.path.basename(
+                         checkpoint.checkpoint_dir(self.out, 2)) + "/"):
+            self.assertIn(name, LEFTOVERS)
+
+    def test_a_missing_folder_is_created_empty(self):
+        out = os.path.join(self.dir, "new", "run")
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(out, overwrite_output_dir=True),
+                                 resuming=False)
+        self.assertEqual(os.listdir(out), [])
+
+    def test_starting_over_deletes_every_file_an_earlier_run_wrote(self):
+        kept = {name: value for name, value in fixtures.snapshot(self.out).items()
+                if name.split("/")[0] + "/" * ("/" in name) in NOT_A_RUNS}
+        config = _config(self.out, overwrite_output_dir=True)
+        self.assertIsNone(run_dir.check_output_dir(config))
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), config, resuming=False)
+        self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS))
+        self.assertEqual(fixtures.snapshot(self.out), kept)
+        self.assertIsNone(run_dir.read_results(self.out))
+        self.assertIsNone(run_dir.read_state(self.out))
+
+    @parameterized.named_parameters(("without_the_flag", False, False), ("resuming", True, True))
+    def test_deletes_nothing(self, overwrite, resuming):
+        before = fixtures.snapshot(self.out)
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(self.out, overwrite_output_dir=overwrite),
+                                 resuming=resuming)
+        self.assertEqual(fixtures.snapshot(self.out), before)
+
+    def test_links_are_removed_and_never_followed(self):
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        _write(os.path.join(elsewhere, "model", "config.json"), {"d_model": 16})
+        _write(os.path.join(elsewhere, "STS-B.tsv"), "theirs")
+        shutil.rmtree(os.path.join(self.out, "submission"))
+        os.symlink(elsewhere, os.path.join(self.out, "submission"))
+        os.symlink(os.path.join(elsewhere, "model"), os.path.join(self.out, "best", "linked_model"))
+        before = fixtures.snapshot(elsewhere)
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(self.out, overwrite_output_dir=True),
+                                 resuming=False)
+        self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS))
+        self.assertEqual(fixtures.snapshot(elsewhere), before)
+
+    def test_a_tracker_folder_holding_other_files_is_not_the_runs(self):
+        _write(os.path.join(self.out, "t5-fine-tune", "plan.md"), "the user's")
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(self.out, overwrite_output_dir=True),
+                                 resuming=False)
+        self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS + ["t5-fine-tune/"]))
+
+    @parameterized.named_parameters(
+        ("model", "model_name_or_path", "final", "--model_name_or_path {out}/final lies in {out}/final"),
+        ("tokenizer", "tokenizer_name", "best/", "--tokenizer_name {out}/best/ lies in {out}/best"),
+        ("data", "validation_file", "predictions_validation.tsv",
+         "--validation_file {out}/predictions_validation.tsv lies in {out}/predictions_validation.tsv"))
+    def test_an_input_that_starting_over_would_delete_is_refused(self, flag, name, problem):
+        before = fixtures.snapshot(self.out)
+        flags = {flag: os.path.join(self.out, name)}
+        if flag == "validation_file":
+            flags["train_file"] = os.path.join(self.out, "notes.txt")
+        with self.assertRaises(UsageError) as raised:
+            run_dir.check_output_dir(_config(self.out, overwrite_output_dir=True, **flags))
+        self.assertEqual(str(raised.exception), problem.format(out=self.out) +
+                         f", which --overwrite_output_dir deletes before this run starts: copy it out of "
+                         f"--output_dir {self.out} first, or choose another --output_dir")
+        self.assertEqual(fixtures.snapshot(self.out), before)
+        # Resuming deletes nothing, so it may read from the folder.
+        resumed = _config(self.out, overwrite_output_dir=True, resume_from_checkpoint="auto", **flags)
+        self.assertEqual(run_dir.check_output_dir(resumed), checkpoint.checkpoint_dir(self.out, 2))
+
+
+class OverwriteRunTest(fixtures.TempDirTestCase):
+    """Both scripts, started over in the folder of an earlier run, leave only their own run there."""
+
+    @parameterized.named_parameters(("fine_tune", "fine_tune"), ("pre_train", "pre_train"))
+    def test_a_run_started_over_leaves_only_itself(self, script):
+        out = os.path.join(self.dir, "out")
+        _leftovers(out)
+        if script == "fine_tune":
+            fine_tune_t5.main(fixtures.fine_tune_args(out, "--max_steps", "2", "--max_eval_samples", "8",
+                                                      "--overwrite_output_dir"))
+            predictions = ["predictions_validation.tsv"]
+        else:
+            pre_train_t5.main(["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.tokenizer_dir(),
+                               "--train_file", *fixtures.corpus_files(), "--output_dir", out, "--max_seq_length",
+                               "32", "--max_steps", "2", "--max_eval_samples", "4", "--overwrite_output_dir"])
+            predictions = []
+        written = ["best/", "eval_results.json", "final/", "loss_curve.png", "step-000002/", "train_results.json"]
+        self.assertEqual(_listing(out), sorted(written + predictions + NOT_A_RUNS))
+        self.assertEqual(run_dir.read_results(out)["train"]["train_steps"], 2)
+        self.assertEqual([os.path.basename(p) for p in checkpoint.list_checkpoints(out)], ["step-000002"])
 
 
 if __name__ == "__main__":
