@@ -30,8 +30,8 @@ from typing import Literal
 from accelerate.utils import set_seed
 
 from constants import DATASET_VALS
-from t5_training import (adapters, agreement, batch_size, checkpoint, data, evaluation, loop, mixture, multitask,
-                         run_dir, runtime, submission)
+from t5_training import (adapter_record, adapters, agreement, batch_size, checkpoint, data, evaluation, loop,
+                         mixture, multitask, run_dir, runtime, submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
     model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path,
-                           zero3=evaluation.is_zero3(accelerator))
+                           zero3=evaluation.is_zero3(accelerator), random_base=not config.model_name_or_path,
+                           log=accelerator.print)
+    # Before accelerate prepares the model (ZeRO-3 partitions it), and before any data is read.
+    adapter = adapter_record.describe(config, model)
+    adapter_record.check_resume(resume_path, adapter)
 
     # Every input, test files included, is read and checked before anything is written.
     tasks = agreement.main_process_first(
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     decodings = multitask.resolve_decodings(config.eval_decoding, tasks, accelerator)
     start_id = model.config.decoder_start_token_id
     if config.do_train:
-        model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path)
+        model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter)
     else:
         model, results = evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     if config.do_predict:
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path):
+def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter):
     """Prepares, resumes, trains and exports; returns the trained model and the results files' contents."""
     longest = data.make_longest_batch(multitask.combined_train(tasks), tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
@@ -139,7 +143,7 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
                            check=lambda saved, path: mixture.check_same_mixture(saved.mixture, drawn, path))
-    state.mixture = drawn
+    state.mixture, state.adapter = drawn, adapter
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = multitask.objective(config.benchmark, tasks)
     evaluate_fn = multitask.make_evaluator(accelerator, config, tasks, run.eval_loaders, tokenizer, decodings)
