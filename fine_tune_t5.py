@@ -16,7 +16,8 @@
         --do_train false --do_predict --data_dir ../shared/data/SST-2 --output_dir runs/sst2-test
 
 Writes to --output_dir: step-NNNNNN/ checkpoints, best/ and final/ models (save_pretrained),
-eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png; with
+eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png (an adapter's
+exports: t5_training/adapters.py); with
 --do_predict, submission/<Task>.tsv and submission.zip (t5_training/submission.py). A mixture
 writes predictions_<task>_<split>.tsv, and mixture_rows.tsv and mixture_rates.json: every row it
 trained on, and each task's configured and realised rate (t5_training/mixture.py).

@@ -42,7 +42,10 @@ class AdapterConfig:
 
     peft: Literal[METHODS] = field(
         default="none", metadata={"help": "none: train the whole model; lora, ia3 or prompt_tuning: train only "
-                                          "that adapter (through peft), the base weights frozen."})
+                                          "that adapter (through peft), the base weights frozen. Checkpoints "
+                                          "record the adapter's flags and base, and resume only with the same. "
+                                          "On a random base (no --model_name_or_path): a warning, and exports "
+                                          "save the base in <export>/base/."})
     lora_r: int = field(default=8, metadata={"help": "LoRA's rank r."})
     lora_alpha: int = field(default=8, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r."})
     lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on LoRA's input."})
