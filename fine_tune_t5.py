@@ -16,10 +16,10 @@
         --do_train false --do_predict --data_dir ../shared/data/SST-2 --output_dir runs/sst2-test
 
 Writes to --output_dir: step-NNNNNN/ checkpoints, best/ and final/ models (save_pretrained),
-eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png; with
---do_predict, submission/<Task>.tsv, submission.zip and predict_results.json: each file's rows,
-the outputs that named no label (written as a fallback) and the leaderboard files that could not
-be written (t5_training/submission.py). A mixture
+eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png (an adapter's
+exports: t5_training/adapters.py); with --do_predict, submission/<Task>.tsv, submission.zip and
+predict_results.json: each file's rows, the outputs that named no label (written as a fallback)
+and the leaderboard files that could not be written (t5_training/submission.py). A mixture
 writes predictions_<task>_<split>.tsv, and mixture_rows.tsv and mixture_rates.json: every row it
 trained on, and each task's configured and realised rate (t5_training/mixture.py).
 """
@@ -33,8 +33,8 @@ from typing import Literal
 from accelerate.utils import set_seed
 
 from constants import DATASET_VALS
-from t5_training import (adapters, agreement, batch_size, data, evaluation, loop, mixture, multitask,
-                         run_dir, runtime, submission)
+from t5_training import (adapter_record, adapters, agreement, batch_size, data, evaluation, loop, mixture,
+                         multitask, run_dir, runtime, submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -120,7 +120,11 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer, model = load_tokenizer_and_model(config)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
     model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path,
-                           zero3=evaluation.is_zero3(accelerator))
+                           zero3=evaluation.is_zero3(accelerator), random_base=not config.model_name_or_path,
+                           log=accelerator.print)
+    # Before accelerate prepares the model (ZeRO-3 partitions it), and before any data is read.
+    adapter = adapter_record.describe(config, model)
+    adapter_record.check_resume(resume_path, adapter)
 
     # Every input, test files included, is read and checked before anything is written.
     tasks = agreement.main_process_first(
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     decodings = multitask.resolve_decodings(config.eval_decoding, tasks, accelerator)
     start_id = model.config.decoder_start_token_id
     if config.do_train:
-        model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path)
+        model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter)
     else:
         model, results = evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     if config.do_predict:
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path):
+def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter):
     """Prepares, resumes, trains and exports; returns the trained model and the results files' contents."""
     longest = data.make_longest_batch(multitask.combined_train(tasks), tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
@@ -149,7 +153,7 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
                            check=lambda saved, path: mixture.check_same_mixture(saved.mixture, drawn, path))
-    state.mixture = drawn
+    state.mixture, state.adapter = drawn, adapter
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = multitask.objective(config.benchmark, tasks)
     evaluate_fn = multitask.make_evaluator(accelerator, config, tasks, run.eval_loaders, tokenizer, decodings)

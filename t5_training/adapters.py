@@ -28,6 +28,9 @@ from t5_training.errors import UsageError
 
 METHODS = ("none", "lora", "ia3", "prompt_tuning")
 ADAPTER_DIR = "adapter"
+BASE_DIR = "base"
+# Set on a model whose adapter sits on randomly initialised weights (see `apply`).
+_RANDOM_BASE = "t5_training_random_base"
 # What --prompt_init names, in peft's terms. Sampled vocabulary embeddings are the default:
 # Lester et al. (2021) found random prompts lag far behind on T5, and peft's own default is random.
 _PROMPT_INIT = {"random": "RANDOM", "vocab": "SAMPLE_VOCAB", "text": "TEXT"}
@@ -43,7 +46,10 @@ class AdapterConfig:
 
     peft: Literal[METHODS] = field(
         default="none", metadata={"help": "none: train the whole model; lora, ia3 or prompt_tuning: train only "
-                                          "that adapter (through peft), the base weights frozen."})
+                                          "that adapter (through peft), the base weights frozen. Checkpoints "
+                                          "record the adapter's flags and base, and resume only with the same. "
+                                          "On a random base (no --model_name_or_path): a warning, and exports "
+                                          "save the base in <export>/base/."})
     lora_r: int = field(default=8, metadata={"help": "LoRA's rank r."})
     lora_alpha: int = field(default=8, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r."})
     lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on LoRA's input."})
@@ -53,7 +59,8 @@ class AdapterConfig:
                                          "and a direction that takes the low-rank update. Merges like LoRA."})
     lora_target_modules: str | None = field(
         default=None, metadata={"help": "Comma list of the linear layers LoRA adapts, e.g. q,k,v,o,wi,wo. "
-                                        "Default: peft's for the model type (q,v for T5)."})
+                                        "Default: peft's for the model type (q,v for T5). lm_head only where "
+                                        "it is not tied to the input embedding (T5's is)."})
     ia3_target_modules: str | None = field(
         default=None, metadata={"help": "Comma list of the layers IA3 rescales. Default: peft's (k,v,wo for T5)."})
     ia3_feedforward_modules: str | None = field(
@@ -127,11 +134,30 @@ def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
 
+def _tied_head(model) -> bool:
+    """True when the output layer shares its weight with the input embedding (T5's, under transformers 5)."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and (head.weight is embedding.weight or
+                                 bool(getattr(model.config, "tie_word_embeddings", False)))
+
+
 def _check_targets(model, flag: str, targets: list[str] | None) -> None:
-    """A target that names no linear layer is one line listing those the model has."""
+    """A target that names no linear layer, or a tied output layer, is one line listing the layers it may name."""
     if targets is None:
         return
     linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    head = model.get_output_embeddings()
+    # Merging an update into a tied output layer writes it into the input embedding as well, so
+    # the merged export would not compute what the adapter model computes.
+    tied = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if module is head} \
+        if _tied_head(model) else set()
+    linear -= tied
+    clash = sorted(tied & set(targets))
+    if clash:
+        raise UsageError(f"{flag} names {clash[0]}, this model's output layer, which shares its weight with the input "
+                         f"embedding (tied, as in T5), so the merged export would change the embedding too; drop "
+                         f"{clash[0]} and name only {', '.join(sorted(linear))} (only an output layer with a weight of "
+                         "its own can be adapted)")
     missing = [name for name in targets if name not in linear]
     if missing:
         raise UsageError(f"{flag}: this model has no linear layer named {missing[0]!r}; it has "
@@ -166,10 +192,12 @@ def peft_config(config: AdapterConfig, model, tokenizer_name: str | None):
                                    tokenizer_name_or_path=tokenizer_name if config.prompt_init == "text" else None)
 
 
-def apply(model, config: AdapterConfig, tokenizer_name: str | None = None, *, zero3: bool = False):
+def apply(model, config: AdapterConfig, tokenizer_name: str | None = None, *, zero3: bool = False,
+          random_base: bool = False, log=print):
     """`model` wrapped with the adapter `--peft` names (base weights frozen), or unchanged for `none`.
 
-    `zero3`: the run is under DeepSpeed ZeRO-3, which peft's DoRA cannot run under.
+    `zero3`: the run is under DeepSpeed ZeRO-3, which peft's DoRA cannot run under. `random_base`:
+    `model` was initialised at random, not loaded; a warning is logged and exports save the base.
     """
     if config.peft == "none":
         return model
@@ -186,11 +214,17 @@ def apply(model, config: AdapterConfig, tokenizer_name: str | None = None, *, ze
         with warnings.catch_warnings():
             # peft asks transformers 5 for is_gradient_checkpointing, which warns that it is deprecated.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return peft.get_peft_model(model, adapter)
+            wrapped = peft.get_peft_model(model, adapter)
     except (ValueError, TypeError) as err:
         # e.g. a model type peft has no default targets for: name them.
         raise UsageError(f"--peft {config.peft} could not be applied: {str(err).splitlines()[0]}; name the layers "
                          f"with --{config.peft}_target_modules") from None
+    if random_base:
+        setattr(wrapped, _RANDOM_BASE, True)
+        log(f"warning: --peft {config.peft} adapts a randomly initialised model (--config_name without "
+            "--model_name_or_path): its frozen base is random weights that exist nowhere else, so every export "
+            f"saves them in <export>/{BASE_DIR}/ beside the adapter; pass --model_name_or_path to adapt a trained model")
+    return wrapped
 
 
 def base_model(model):
@@ -215,20 +249,36 @@ def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tupl
     return base.get_encoder()(inputs_embeds=embeds, attention_mask=mask).last_hidden_state, mask
 
 
-def save_pretrained(model, state_dict: dict, folder: str) -> None:
+def save_pretrained(model, state_dict: dict, folder: str, final: str | None = None) -> None:
     """The adapter in folder/adapter/ and, for LoRA and IA3, the merged model in folder/.
 
     `state_dict` is the whole wrapped model's (gathered under ZeRO-3). The merge happens on a
     fresh copy built from it, so the model being trained is never changed and ZeRO-3's partitioned
-    weights never have to be merged in place.
+    weights never have to be merged in place. A random base (see `apply`) is saved in folder/base/,
+    and the adapter's config names it by its absolute path once `folder` is renamed to `final`, so
+    that peft's AutoPeftModelForSeq2SeqLM loads the adapter with its base.
     """
-    model.save_pretrained(os.path.join(folder, ADAPTER_DIR), state_dict=state_dict, safe_serialization=True)
+    config = model.active_peft_config
+    named = config.base_model_name_or_path
+    if getattr(model, _RANDOM_BASE, False):
+        _fresh_copy(model, state_dict, merged=False).save_pretrained(os.path.join(folder, BASE_DIR),
+                                                                     safe_serialization=True)
+        config.base_model_name_or_path = os.path.abspath(os.path.join(final or folder, BASE_DIR))
+    try:
+        model.save_pretrained(os.path.join(folder, ADAPTER_DIR), state_dict=state_dict, safe_serialization=True)
+    finally:
+        config.base_model_name_or_path = named
     if mergeable(model):
         merged_copy(model, state_dict).save_pretrained(folder, safe_serialization=True)
 
 
 def merged_copy(model, state_dict: dict):
     """A plain transformers model holding `state_dict`'s base weights with the adapter folded in."""
+    return _fresh_copy(model, state_dict, merged=True)
+
+
+def _fresh_copy(model, state_dict: dict, *, merged: bool):
+    """A plain transformers model holding `state_dict`'s base weights, with the adapter folded in or left out."""
     import peft
 
     base = model.get_base_model()
@@ -241,4 +291,6 @@ def merged_copy(model, state_dict: dict):
     if missing or result.unexpected_keys:
         raise RuntimeError(f"the adapter model's weights do not fit a fresh copy (missing {missing[:3]}, "
                            f"unexpected {result.unexpected_keys[:3]})")
-    return copy.merge_and_unload()
+    if is_prompt_tuned(copy):
+        return copy.get_base_model()
+    return copy.merge_and_unload() if merged else copy.unload()

@@ -157,8 +157,11 @@ def _load_trainable(models, input_dir) -> None:
         weights = load_file(os.path.join(input_dir, "model.safetensors" if i == 0 else f"model_{i}.safetensors"))
         trainable = _trainable(model)
         if set(weights) != set(trainable):
-            raise ValueError(f"it holds {len(weights)} weights where this model trains {len(trainable)}, under other "
-                             "names (was it written with other --peft settings?)")
+            # Not damage: adapter_record.check_resume names the setting that differs where the
+            # checkpoint records it or its tensors show it; this is what is left.
+            raise UsageError(f"checkpoint {input_dir} holds {len(weights)} adapter weights where this run's adapter "
+                             f"trains {len(trainable)}, under other names: it was written with other --peft settings "
+                             "or for another model; resume it with those, or start a new run in another --output_dir")
         with torch.no_grad():
             for name, param in trainable.items():
                 param.copy_(weights[name])
@@ -235,6 +238,8 @@ def load_checkpoint(accelerator, path: str, state, scheduler=None, *, trainable_
             state.load_state_dict(json.load(f))
         if scheduler is not None:
             scheduler.load_state_dict(state.scheduler)
+    except UsageError:
+        raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {reason[:200]}); it is "
@@ -268,7 +273,7 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
     def write() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         if adapters.is_adapter_model(unwrapped):
-            adapters.save_pretrained(unwrapped, state_dict, tmp)
+            adapters.save_pretrained(unwrapped, state_dict, tmp, final=path)
         else:
             unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:

@@ -50,6 +50,8 @@ class TrainState:
     batch_layout: dict = field(default_factory=dict)
     # What a mixture draws from (mixture.describe): a resumed run must draw from the same.
     mixture: dict = field(default_factory=dict)
+    # The adapter and its base, or {"peft": "none"} (adapter_record.describe): checked before resuming.
+    adapter: dict = field(default_factory=dict)
     samples_seen: int = 0
     tokens_seen: int = 0
     train_seconds: float = 0.0

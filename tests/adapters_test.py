@@ -5,12 +5,14 @@ frozen weights can be compared with the file they came from.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import tempfile
 
 import torch
 from absl.testing import absltest, parameterized
-from peft import PeftModel
+from peft import AutoPeftModelForSeq2SeqLM, PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
@@ -75,13 +77,38 @@ class CountTest(parameterized.TestCase):
         self.assertFalse(adapters.is_adapter_model(model))
 
     @parameterized.named_parameters(
-        ("missing_target", ["--peft", "lora", "--lora_target_modules", "q,query"], "no linear layer named 'query'"),
+        # The layers listed are those a target may name: T5's output layer is its tied embedding.
+        ("missing_target", ["--peft", "lora", "--lora_target_modules", "q,query"],
+         "no linear layer named 'query'; it has k, o, q, v, wi, wo$"),
         ("feedforward_outside_targets", ["--peft", "ia3", "--ia3_target_modules", "k,v",
                                          "--ia3_feedforward_modules", "wo"], "must be a subset"),
+        ("lora_on_a_tied_output_layer", ["--peft", "lora", "--lora_target_modules", "q,lm_head"],
+         r"^--lora_target_modules names lm_head, this model's output layer, which shares its weight with the input "
+         r"embedding \(tied, as in T5\), so the merged export would change the embedding too; drop lm_head and name "
+         r"only k, o, q, v, wi, wo"),
+        ("ia3_on_a_tied_output_layer", ["--peft", "ia3", "--ia3_target_modules", "k,lm_head"],
+         "^--ia3_target_modules names lm_head, this model's output layer"),
     )
     def test_bad_targets_are_refused(self, flags, message):
         with self.assertRaisesRegex(UsageError, message):
             adapters.apply(_tiny_model(), _config(*flags))
+
+    def test_lora_on_an_untied_output_layer_merges_exactly(self):
+        torch.manual_seed(0)
+        model = modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.tokenizer_dir()),
+                                    overrides={"tie_word_embeddings": False})
+        model = adapters.apply(model, _config("--peft", "lora", "--lora_target_modules", "q,lm_head")).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:  # B starts at zero, which would make any merge exact
+                    param.normal_(std=0.1)
+        merged = adapters.merged_copy(model, model.state_dict()).eval()
+        self.assertFalse(torch.equal(merged.get_output_embeddings().weight, merged.get_input_embeddings().weight))
+        ids = torch.tensor([[5, 6, 7, 1]])
+        start = torch.zeros((1, 2), dtype=torch.long)
+        with torch.no_grad():
+            torch.testing.assert_close(merged(input_ids=ids, decoder_input_ids=start).logits,
+                                       model(input_ids=ids, decoder_input_ids=start).logits, rtol=1e-5, atol=1e-5)
 
     @parameterized.named_parameters(
         ("freezing", ["--peft", "prompt_tuning", "--freeze_encoder"], "--freeze_encoder with --peft prompt_tuning"),
@@ -106,12 +133,19 @@ class _SavedBase(parameterized.TestCase):
         _tiny_model().save_pretrained(cls.base)
         modeling.load_tokenizer(fixtures.tokenizer_dir()).save_pretrained(cls.base)
 
-    def run_fine_tune(self, name, *flags):
-        out = os.path.join(self.tmp, name)
+    @classmethod
+    def args(cls, name, *flags, base=None):
+        """The flags of a run into tmp/<name> that fine-tunes `base` (default: the saved model; "random": none)."""
+        out = os.path.join(cls.tmp, name)
         args = fixtures.fine_tune_args(out, "--max_steps", "8", "--save_steps", "4", "--eval_steps", "4",
                                        "--learning_rate", "1e-2", *flags)
-        at = args.index("--config_name")
-        args[at:at + 2] = ["--model_name_or_path", self.base]
+        if base != "random":
+            at = args.index("--config_name")
+            args[at:at + 2] = ["--model_name_or_path", base or cls.base]
+        return out, args
+
+    def run_fine_tune(self, name, *flags):
+        out, args = self.args(name, *flags)
         return out, fine_tune_t5.main(args)
 
     def dev_batch(self):
@@ -198,6 +232,39 @@ class ExportTest(_SavedBase):
             plain = adapters.base_model(model)(**batch, decoder_input_ids=decoder_input_ids).logits
         self.assertFalse(torch.allclose(ours, plain, atol=1e-4))
         self.assertIn("loss", results["eval"])
+
+
+class RandomBaseTest(_SavedBase):
+    """--peft on a randomly initialised model (--config_name alone): a warning, and exports that load with their base."""
+
+    @parameterized.named_parameters(("lora", "lora"), ("prompt_tuning", "prompt_tuning"))
+    def test_the_adapter_loads_with_the_base_it_was_trained_on(self, method):
+        out, args = self.args(f"random-{method}", "--peft", method, "--max_steps", "2", "--eval_steps", "2",
+                              base="random")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            fine_tune_t5.main(args)
+        final = os.path.join(out, "final")
+        # Loaded from another working directory, the export still finds its base.
+        with contextlib.chdir(tempfile.mkdtemp()):
+            loaded = AutoPeftModelForSeq2SeqLM.from_pretrained(os.path.join(final, adapters.ADAPTER_DIR)).eval()
+        self.assertIn(f"warning: --peft {method} adapts a randomly initialised model", printed.getvalue())
+        frozen = AutoModelForSeq2SeqLM.from_pretrained(os.path.join(final, adapters.BASE_DIR))
+        # The saved base is the random draw the run trained on: the seed draws it again.
+        torch.manual_seed(7)
+        drawn = modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+        for name, weight in drawn.state_dict().items():
+            torch.testing.assert_close(frozen.state_dict()[name], weight, rtol=0, atol=0, msg=name)
+        batch = self.dev_batch()
+        start = torch.zeros((len(batch["input_ids"]), 1), dtype=torch.long)
+        with torch.no_grad():
+            logits = loaded(**batch, decoder_input_ids=start).logits
+            if method == "lora":  # ... and the merged export computes what the adapter on it computes
+                merged = AutoModelForSeq2SeqLM.from_pretrained(final).eval()
+                torch.testing.assert_close(merged(**batch, decoder_input_ids=start).logits, logits,
+                                           rtol=1e-5, atol=1e-5)
+            else:
+                self.assertFalse(torch.allclose(frozen.eval()(**batch, decoder_input_ids=start).logits, logits))
 
 
 class FeaturesTest(_SavedBase):

@@ -74,7 +74,10 @@ CASES = [
     ("adapter_with_freezing", FINE_TUNE, ["--peft", "prompt_tuning", "--freeze_encoder"],
      "--freeze_encoder with --peft prompt_tuning", "drop --freeze_encoder"),
     ("adapter_target_missing", FINE_TUNE, ["--peft", "lora", "--lora_target_modules", "q,query"],
-     "no linear layer named 'query'", "it has k, lm_head, o, q, v, wi, wo"),
+     "no linear layer named 'query'", "it has k, o, q, v, wi, wo"),
+    ("adapter_on_tied_output_layer", FINE_TUNE, ["--peft", "lora", "--lora_target_modules", "q,lm_head"],
+     "--lora_target_modules names lm_head, this model's output layer, which shares its weight with the input "
+     "embedding", "drop lm_head and name only k, o, q, v, wi, wo"),
     ("incomplete_checkpoint", FINE_TUNE, ["--resume_from_checkpoint", "{out}/step-000004"],
      "step-000004 is incomplete or damaged", "pass an earlier checkpoint or 'auto'"),
     ("damaged_checkpoint", FINE_TUNE, ["--resume_from_checkpoint", "{out}/step-000002"],

@@ -133,7 +133,12 @@ def tiny_t5_config(**overrides):
     values = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
                   relative_attention_num_buckets=4, dropout_rate=0.1, feed_forward_proj="relu",
                   tie_word_embeddings=True)
-    return transformers.T5Config(**{**values, **overrides})
+    values.update(overrides)
+    config = transformers.T5Config(**values)
+    # transformers 5's T5Config sets tie_word_embeddings to True whatever it is given; set afterwards
+    # (as from_pretrained's keyword arguments are), an untied output layer holds.
+    config.tie_word_embeddings = values["tie_word_embeddings"]
+    return config
 
 
 def nan_on_steps(steps: set, accumulation: int = 1):
