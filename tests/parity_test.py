@@ -2,7 +2,7 @@
 
 Google's code needs TensorFlow, so it runs in a Python of its own, named by T5_TRAINING_REFERENCE_PYTHON
 (docs/development.md, "Google's reference", builds it). tests/parity_reference.py runs there once per
-test process: it gets every case below in one request and answers with what T5 computes. Compared:
+suite run: it gets every case below in one request and answers with what T5 computes. Compared:
 T5's noise-mask counts over a sweep of lengths, densities and mean span lengths, and its
 random_spans_helper; inputs and targets that T5 builds from the project's own masks; prefix LM's
 split range, inputs and targets; GLUE text of every GLUE task (the real rows where
@@ -14,10 +14,13 @@ missing or broken reference fails instead.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import subprocess
+import tempfile
 import unittest
 
 import numpy as np
@@ -189,15 +192,37 @@ def mixing_sizes() -> dict:
             "qnli": 104743, "rte": 2490, "wnli": 635}
 
 
-@functools.lru_cache(maxsize=None)
 def reference() -> dict:
-    """T5's answers to `request()`: one reference process per test process."""
-    python = os.environ[REFERENCE_ENV]
-    result = subprocess.run([python, SCRIPT], input=json.dumps(request()), capture_output=True, text=True,
-                            timeout=600, env=dict(os.environ, PYTHONPATH=""))
-    if result.returncode:
-        raise AssertionError(f"the reference failed ({python} {SCRIPT}):\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout)
+    """T5's answers to `request()`, or an AssertionError saying why the reference failed."""
+    answer, failure = _ask_reference()
+    if failure:
+        raise AssertionError(failure)
+    return answer
+
+
+@functools.lru_cache(maxsize=None)
+def _ask_reference() -> tuple[dict | None, str | None]:
+    """(answer, None) or (None, why): one reference process per suite run, whatever the test workers.
+
+    The answer is kept in the temporary folder under a hash of the question, the reference's Python and
+    this script; a lock makes a second worker wait for the first one's answer instead of asking again.
+    """
+    python, question = os.environ[REFERENCE_ENV], json.dumps(request())
+    with open(SCRIPT, encoding="utf-8") as f:
+        key = hashlib.sha256("\0".join((question, python, f.read())).encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"t5-training-parity-{key}.json")
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(path):
+            result = subprocess.run([python, SCRIPT], input=question, capture_output=True, text=True, timeout=600,
+                                    env=dict(os.environ, PYTHONPATH=""))
+            if result.returncode:  # kept, so that every test says it without asking again
+                return None, f"the reference failed ({python} {SCRIPT}):\n{result.stderr[-3000:]}"
+            with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+                f.write(result.stdout)
+            os.replace(f"{path}.tmp", path)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f), None
 
 
 def _mask_counts(mask: np.ndarray) -> list[int]:
