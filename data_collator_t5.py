@@ -23,17 +23,14 @@ import torch
 
 def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
     """(num_noise, num_nonnoise, num_spans) of T5's noise mask over a chunk of `length` tokens, bit for bit."""
-    # T5's random_spans_noise_mask computes in float32 with tf.round (half to even):
-    # round(float32(length) * density), then round(float32(noise) / mean). Python's float64 differs
-    # at some lengths: 190 * 0.15 is 28.5 -> 28 there, 28.500001 -> 29 in float32. Both counts stay
-    # positive so neither side of the interleaving is empty.
+    # T5's mask rounds half to even in float32: round(float32(length) * density), round(float32(noise)
+    # / mean). float64 differs at some lengths (190 * 0.15: 28.5 -> 28, not 28.500001 -> 29).
     f32 = np.float32
     num_noise = min(max(int(np.round(f32(length) * f32(noise_density))), 1), length - 1)
     num_nonnoise = length - num_noise
-    # At least 1 span, so the mean noise span is the one asked for at any density. Noise and
-    # non-noise spans alternate, so each side needs a token per span: above density
-    # mean / (mean + 1) (0.75 at mean 3) T5's segmentation fails, and the spans are capped at the
-    # non-noise tokens instead (the mean noise span then grows past the mean).
+    # Both counts stay positive. Noise and non-noise spans alternate, so each side needs a token per
+    # span: above density mean / (mean + 1) (0.75 at mean 3) T5's segmentation fails, and the spans
+    # are capped at the non-noise tokens instead (the mean noise span then grows past the mean).
     num_spans = min(max(1, int(np.round(f32(num_noise) / f32(mean_noise_span_length)))), num_nonnoise)
     return num_noise, num_nonnoise, num_spans
 
@@ -53,11 +50,8 @@ def _helper_lengths(length: int, noise_density: float, mean_noise_span_length: f
 
 def compute_input_and_target_lengths(inputs_length: int, noise_density: float,
                                      mean_noise_span_length: float) -> tuple[int, int]:
-    """T5's random_spans_helper: (raw chunk length, target length incl. EOS) for `inputs_length`.
-
-    It counts as T5's helper does, in Python floats, so at a few lengths its target length is not the
-    one T5's float32 mask gives that chunk (see DataCollatorForT5MLM).
-    """
+    """T5's random_spans_helper: (raw chunk length, target length incl. EOS) for `inputs_length`, counted
+    as it counts, in Python floats (its mask's float32 can differ: see DataCollatorForT5MLM)."""
     # Corrupted input length grows by 0 or 1 per extra raw token, so the largest raw length whose
     # input still fits gives an input of exactly `inputs_length`: no padding, no wasted compute.
     tokens_length = inputs_length - 1
