@@ -6,7 +6,9 @@ the tasks whose files are not there get made rows.
 """
 from __future__ import annotations
 
+import base64
 import functools
+import os
 import unittest
 
 import numpy as np
@@ -104,6 +106,22 @@ def corruption_rows() -> list:
     return rows
 
 
+def decode_rows() -> tuple[str, list[list[int]]]:
+    """(the fixture tokenizer's spiece.model, base64) and generated rows: pieces, spaces at either end,
+    then EOS and padding as generation leaves them."""
+    with open(os.path.join(fixtures.tokenizer_dir(), "spiece.model"), "rb") as f:
+        model = f.read()
+    import sentencepiece
+
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=model)
+    rng, rows, space = _rng("decode"), [], pieces.piece_to_id("▁")
+    for i in range(300):
+        row = rng.integers(3, pieces.get_piece_size(), rng.integers(1, 7)).tolist()
+        row = ([space] if i % 3 == 0 else []) + row + ([space] if i % 4 == 0 else [])
+        rows.append(row + [EOS] + [PAD] * (i % 3))
+    return base64.b64encode(model).decode(), rows
+
+
 def request() -> dict:
     rows = glue_rows()
     prefix_rows = [(list(range(10, 10 + n)), k) for n in (2, 3, 10, 128) for k in range(1, n)]
@@ -120,6 +138,7 @@ def request() -> dict:
         "glue_average": [[_t5_task(key), key.rsplit("/", 1)[1], value] for key, value in scores.items()],
         "rouge": dict(zip(("predictions", "targets"), rouge_case())),
         "mixing": {"sizes": mixing_sizes(), "settings": MIXING_SETTINGS},
+        "decode": dict(zip(("model", "rows"), decode_rows())),
     }
 
 

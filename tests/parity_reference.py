@@ -6,11 +6,13 @@ It imports only Google's code (t5 0.9.4, seqio 0.0.20, TensorFlow) and the stand
 answers is what T5 computes, so the project's code must not leak in here. Each section of the request
 is answered under the same key; parity_test.py says what each one holds and compares.
 """
+import base64
 import functools
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -205,8 +207,18 @@ def mixing(request):
     return answer
 
 
+def decode(request):
+    """[text per row]: seqio's SentencePiece vocabulary (T5's) decoding the rows."""
+    with tempfile.NamedTemporaryFile(suffix=".model") as f:
+        f.write(base64.b64decode(request["model"]))
+        f.flush()
+        vocabulary = seqio.SentencePieceVocabulary(f.name)
+        return [vocabulary.decode(row) for row in request["rows"]]
+
+
 SECTIONS = {"span_masks": span_masks, "helper": helper, "corruption": corruption, "prefix": prefix, "glue": glue,
-            "glue_metrics": glue_metrics, "glue_average": glue_average, "rouge": rouge, "mixing": mixing}
+            "glue_metrics": glue_metrics, "glue_average": glue_average, "rouge": rouge, "mixing": mixing,
+            "decode": decode}
 
 
 def main():

@@ -7,7 +7,7 @@ T5's noise-mask counts over a sweep of lengths, densities and mean span lengths,
 random_spans_helper; inputs and targets that T5 builds from the project's own masks; prefix LM's
 split range, inputs and targets; GLUE text of every GLUE task (the real rows where
 T5_TRAINING_DATA has them); GLUE metrics through T5's postprocessors, and the GLUE average; ROUGE;
-mixing rates. A difference fails its test unless DELIBERATE below names it, with the reason.
+mixing rates; generated ids decoded to text, as seqio's SentencePiece vocabulary decodes them. A difference fails its test unless DELIBERATE below names it, with the reason.
 
 Without the variable every test here skips; with T5_TRAINING_REQUIRE_REFERENCE=1 (as CI sets) a
 missing or broken reference fails instead.
@@ -24,15 +24,16 @@ import tempfile
 import unittest
 
 import numpy as np
+import torch
 from absl.testing import absltest, parameterized
 
 import data_collator_t5 as dc
 from constants import GLUE
-from t5_training import metrics, mixture, multitask, tasks
+from t5_training import evaluation, metrics, mixture, multitask, tasks
 from tests import fixtures
 from tests.parity_cases import (EOS, HELPER_LENGTHS, MIXING_SETTINGS, PAD, PREFIX_DENSITIES, PREFIX_LENGTHS,
                                 SPAN_LENGTHS, SPAN_SETTINGS, VOCAB_SIZE, corruption_rows, glue_rows, glue_scores,
-                                metric_cases, mixing_sizes, request, rouge_case)
+                                decode_rows, metric_cases, mixing_sizes, request, rouge_case)
 
 REFERENCE_ENV = "T5_TRAINING_REFERENCE_PYTHON"
 REQUIRE_ENV = "T5_TRAINING_REQUIRE_REFERENCE"
@@ -193,6 +194,17 @@ class GlueTest(parameterized.TestCase):
         self.assertEqual(sorted(ours), sorted(theirs))
         for key in ours:
             self.assertAlmostEqual(ours[key], theirs[key], places=9, msg=key)
+
+    def test_decoded_text_is_seqios(self):
+        # What label matching reads: the model's ids as text, by the fixture tokenizer and by seqio's
+        # SentencePiece vocabulary over the same spiece.model.
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(fixtures.tokenizer_dir())
+        _, rows = decode_rows()
+        width = max(map(len, rows))
+        ids = torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
+        self.assertEqual(evaluation.decode_texts(tokenizer, ids), reference()["decode"])
 
     def test_average(self):
         scores, theirs = glue_scores(), reference()["glue_average"]
