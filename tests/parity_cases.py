@@ -15,7 +15,7 @@ import numpy as np
 
 import data_collator_t5 as dc
 from constants import GLUE
-from t5_training import data, tasks
+from t5_training import data, submission, tasks
 from tests import fixtures
 
 # The sweep: T5's default (0.15, 3), UL2's spans (0.15 at 3 and 8, 0.5 at 3 and 64), mean 1, and a
@@ -37,16 +37,17 @@ def _rng(name: str) -> np.random.Generator:
 
 @functools.lru_cache(maxsize=None)
 def glue_rows() -> dict:
-    """{task: (source texts, target texts, columns, labels)} of every GLUE task: the real files' train and
-    dev rows where the shared data has them, made rows for the rest."""
+    """{task: (source texts, target texts, columns, labels, real)} of every GLUE task: the real files' train,
+    dev and test rows where the shared data has them, made rows for the rest."""
     rows = {}
     for task, entry in GLUE.items():
         try:
             path = fixtures.real_data(entry.folder)
         except unittest.SkipTest:
             path = None
-        if path:
+        if path:  # train, dev and the unlabelled test rows
             splits = data.load_splits(entry, data_dir=path)
+            splits.update(submission.load_test_splits(entry, data_dir=path, log=lambda *_: None))
             columns = {c: [v for s in splits.values() for v in s[c]] for c in entry.inputs}
             labels = [v for s in splits.values() for v in s[entry.target]]
         else:

@@ -7,7 +7,8 @@ T5's noise-mask counts over a sweep of lengths, densities and mean span lengths,
 random_spans_helper; inputs and targets that T5 builds from the project's own masks; prefix LM's
 split range, inputs and targets; GLUE text of every GLUE task (the real rows where
 T5_TRAINING_DATA has them); GLUE metrics through T5's postprocessors, and the GLUE average; ROUGE;
-mixing rates; generated ids decoded to text, as seqio's SentencePiece vocabulary decodes them. A difference fails its test unless DELIBERATE below names it, with the reason.
+mixing rates; generated ids decoded to text, as seqio's SentencePiece vocabulary decodes them. A
+difference fails its test unless DELIBERATE below names it, with the reason.
 
 Without the variable every test here skips; with T5_TRAINING_REQUIRE_REFERENCE=1 (as CI sets) a
 missing or broken reference fails instead.
