@@ -22,16 +22,16 @@ import torch
 
 
 def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
-    """(num_noise, num_nonnoise, num_spans) for a chunk of `length` tokens, as T5 computes them."""
-    # Python's round (half to even) on float64, as T5's random_spans_helper; both counts stay
-    # positive so neither side of the interleaving is empty.
-    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    """(num_noise, num_nonnoise, num_spans) of T5's noise mask over a chunk of `length` tokens, bit for bit."""
+    # T5's mask rounds half to even in float32: round(float32(length) * density), round(float32(noise)
+    # / mean). float64 differs at some lengths (190 * 0.15: 28.5 -> 28, not 28.500001 -> 29).
+    f32 = np.float32
+    num_noise = min(max(int(np.round(f32(length) * f32(noise_density))), 1), length - 1)
     num_nonnoise = length - num_noise
-    # T5's round(num_noise / mean), at least 1, so the mean noise span is the one asked for at any
-    # density. Noise and non-noise spans alternate, so each side needs a token per span: above
-    # density mean / (mean + 1) (0.75 at mean 3) T5's segmentation would fail, and the spans are
-    # capped at the non-noise tokens instead (the mean noise span then grows past the mean).
-    num_spans = min(max(1, int(round(num_noise / mean_noise_span_length))), num_nonnoise)
+    # Both counts stay positive. Noise and non-noise spans alternate, so each side needs a token per
+    # span: above density mean / (mean + 1) (0.75 at mean 3) T5's segmentation fails, and the spans
+    # are capped at the non-noise tokens instead (the mean noise span then grows past the mean).
+    num_spans = min(max(1, int(np.round(f32(num_noise) / f32(mean_noise_span_length)))), num_nonnoise)
     return num_noise, num_nonnoise, num_spans
 
 
@@ -41,15 +41,23 @@ def corrupted_lengths(length: int, noise_density: float, mean_noise_span_length:
     return num_nonnoise + num_spans + 1, num_noise + num_spans + 1  # +1: EOS
 
 
+def _helper_lengths(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """(input length, target length) as T5's random_spans_helper counts them: Python floats, no clamping."""
+    num_noise = int(round(length * noise_density))
+    num_spans = int(round(num_noise / mean_noise_span_length))
+    return length - num_noise + num_spans + 1, num_noise + num_spans + 1
+
+
 def compute_input_and_target_lengths(inputs_length: int, noise_density: float,
                                      mean_noise_span_length: float) -> tuple[int, int]:
-    """T5's random_spans_helper: (raw chunk length, target length incl. EOS) for `inputs_length`."""
+    """T5's random_spans_helper: (raw chunk length, target length incl. EOS) for `inputs_length`, counted
+    as it counts, in Python floats (its mask's float32 can differ: see DataCollatorForT5MLM)."""
     # Corrupted input length grows by 0 or 1 per extra raw token, so the largest raw length whose
     # input still fits gives an input of exactly `inputs_length`: no padding, no wasted compute.
     tokens_length = inputs_length - 1
-    while corrupted_lengths(tokens_length + 1, noise_density, mean_noise_span_length)[0] <= inputs_length:
+    while _helper_lengths(tokens_length + 1, noise_density, mean_noise_span_length)[0] <= inputs_length:
         tokens_length += 1
-    input_len, targets_length = corrupted_lengths(tokens_length, noise_density, mean_noise_span_length)
+    input_len, targets_length = _helper_lengths(tokens_length, noise_density, mean_noise_span_length)
     # T5's hack: at density 0.5 make the targets no longer than the (round-number) inputs. The
     # shortened chunk can then corrupt to one token less than inputs_length; the collator pads.
     if noise_density == 0.5 and targets_length > input_len:
@@ -208,7 +216,10 @@ def replace_runs(tokens: np.ndarray, runs: np.ndarray, out_length: int, fill: in
 
 def min_prefix_length(length: int, noise_density: float = 0.5) -> int:
     """The shortest prefix T5's random_prefix_noise_mask gives a chunk of `length` (at least 1)."""
-    return min(length - 1, max(1, int(round((1 - 2 * noise_density) * (length - 1)))))
+    # In float32, as T5's tf.math.round((1 - 2 * density) * float32(length - 1)): 0.7 * 45 is 31.5
+    # there (-> 32), 31.499999999999996 in Python's floats.
+    shortest = np.round(np.float32(1 - 2 * noise_density) * np.float32(length - 1))
+    return min(length - 1, max(1, int(shortest)))
 
 
 def random_prefix_split(rng: np.random.Generator, batch_size: int, length: int,
@@ -251,20 +262,24 @@ class DataCollatorForT5MLM:
             raise ValueError(f"chunks of {self.raw_length} tokens get {self.num_spans} noise spans, but only "
                              f"{len(self.sentinel_ids)} sentinels (<extra_id_0>..<extra_id_"
                              f"{len(self.sentinel_ids) - 1}>) are available")
-        # Equal to (input_length, target_length) except after T5's density-0.5 hack: then pad.
+        # What the mask gives a chunk: (input_length, target_length) but for two cases. After T5's
+        # density-0.5 hack it is shorter, and the batch pads. Where T5's helper (Python floats) and its
+        # mask (float32) round apart (172-token inputs at 0.15 and 3: 38 targets by the helper, 40 by
+        # the mask) it is longer: T5 then trims the end, EOS included; the batch widens instead.
         self._lengths = corrupted_lengths(self.raw_length, noise_density, mean_noise_span_length)
+        self._widths = max(input_length, self._lengths[0]), max(self.target_length, self._lengths[1])
         self._rng = BatchRandomness(seed)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = stack_chunks(examples, self.raw_length)
         mask = random_spans_noise_mask(len(tokens), self.raw_length, self.noise_density,
                                        self.mean_noise_span_length, self._rng(examples))
-        input_ids = replace_runs(tokens, mask, self.input_length, self.pad_token_id, self.sentinel_ids,
+        input_ids = replace_runs(tokens, mask, self._widths[0], self.pad_token_id, self.sentinel_ids,
                                  self.eos_token_id)
         # Non-noise runs become the sentinels in the targets; since masks start with non-noise,
         # the i-th such sentinel precedes the i-th noise span, matching the inputs.
-        labels = replace_runs(tokens, ~mask, self.target_length, -100, self.sentinel_ids, self.eos_token_id)
-        attention_mask = torch.from_numpy(np.arange(self.input_length) < self._lengths[0]).long()
+        labels = replace_runs(tokens, ~mask, self._widths[1], -100, self.sentinel_ids, self.eos_token_id)
+        attention_mask = torch.from_numpy(np.arange(self._widths[0]) < self._lengths[0]).long()
         return {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": attention_mask.expand(input_ids.shape).clone(),

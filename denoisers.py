@@ -151,7 +151,12 @@ def mixture_lengths(input_length: int, denoisers) -> tuple[list[int], list[int],
         if d.kind == "span":  # T5's lengths for the input after the mode token
             raw, target = compute_input_and_target_lengths(input_length - 1, d.noise_density,
                                                            d.mean_noise_span_length)
-            corrupted = corrupted_lengths(raw, d.noise_density, d.mean_noise_span_length)[0]
+            # T5's helper counts in Python floats, its mask in float32: where the mask's input is the
+            # longer, a shorter chunk keeps every row at input_length; its targets may be the longer.
+            while corrupted_lengths(raw, d.noise_density, d.mean_noise_span_length)[0] > input_length - 1:
+                raw -= 1
+            corrupted, masked_target = corrupted_lengths(raw, d.noise_density, d.mean_noise_span_length)
+            target = max(target, masked_target)
         else:  # mode token + longest prefix + EOS fit
             raw = corrupted = input_length - 1
             target = raw - min_prefix_length(raw, d.noise_density) + 1

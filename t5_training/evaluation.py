@@ -223,6 +223,13 @@ def candidate_blocks_mask(model, blocks: int, width: int):
                               past_key_values=None, and_mask_function=same_block)
 
 
+def decode_texts(tokenizer, generated) -> list[str]:
+    """Generated ids as text, as T5's SentencePiece decode writes them, so that label matching (exact, as
+    T5's) sees the same strings: transformers' decode keeps the space of a leading "▁" piece, which
+    SentencePiece drops, and both keep a trailing one ("positive " is no label for T5)."""
+    return [text.lstrip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+
+
 def decode_split(accelerator, model, loader, tokenizer, num_rows: int, decoder: GreedyDecoder) -> SplitPredictions:
     """Greedy predictions for every row of a split (in row order) and the teacher-forced loss."""
     predictions: list[str | None] = [None] * num_rows
@@ -236,8 +243,8 @@ def decode_split(accelerator, model, loader, tokenizer, num_rows: int, decoder: 
             )
             loss_sum += float(row_loss.sum())
             token_count += int(row_tokens.sum())
-            for i, text in zip(idx.tolist(), tokenizer.batch_decode(generated, skip_special_tokens=True)):
-                predictions[i] = text.strip()
+            for i, text in zip(idx.tolist(), decode_texts(tokenizer, generated)):
+                predictions[i] = text
     missing = predictions.count(None)
     if missing:
         raise RuntimeError(f"{missing} evaluation rows were never decoded; the evaluation loader lost rows")

@@ -23,11 +23,9 @@ import numpy as np
 
 
 def label_to_id(text: str, label_words: Sequence[str]) -> int:
-    """Index of `text` in `label_words`, or -1 when it matches none."""
-    # T5 compares the decoded string as is; we strip because some detokenizers
-    # leave surrounding spaces that T5's SentencePiece decode would not.
+    """Index of `text` in `label_words`, or -1 when it matches none: the exact string, spaces and case
+    included, as T5's string_label_to_class_id (" acceptable" is no label there, so none here)."""
     words = list(label_words)
-    text = text.strip()
     return words.index(text) if text in words else -1
 
 

@@ -184,6 +184,56 @@ class DataCollatorT5Test(parameterized.TestCase):
         self.assertTrue(all(_noise_spans(row) == num_spans for row in mask))
         self.assertFalse(mask[:, 0].any())
 
+    @parameterized.named_parameters(
+        # float32(190) * float32(0.15) = 28.500001 -> 29 noise tokens, 29 / 3 -> 10 spans; Python's floats
+        # give 190 * 0.15 = 28.5 -> 28 (half to even) and 9. T5's mask (tf.round in float32) has 29 and 10.
+        ("190_d15_m3", 190, 0.15, 3.0, 29, 10),
+        ("190_d15_m1", 190, 0.15, 1.0, 29, 29),
+        ("45_d70_m3", 45, 0.7, 3.0, 32, 11),  # 31.5 in float32; 31.499999999999996 in float64
+        ("568_d15_m3", 568, 0.15, 3.0, 85, 28),
+    )
+    def test_counts_round_in_float32_as_t5s_mask(self, length, density, mean_span, num_noise, num_spans):
+        self.assertEqual(dc.span_counts(length, density, mean_span), (num_noise, length - num_noise, num_spans))
+        mask = dc.random_spans_noise_mask(50, length, density, mean_span, np.random.default_rng(0))
+        self.assertTrue(np.all(mask.sum(1) == num_noise))
+        self.assertTrue(all(_noise_spans(row) == num_spans for row in mask))
+
+    def test_counts_over_a_sweep_are_t5s_float32_arithmetic(self):
+        # T5's random_spans_noise_mask: round(float32(length) * density), round(float32(noise) / mean),
+        # half to even, noise in [1, length - 1], spans at least 1 (and here at most the kept tokens).
+        f32 = np.float32
+        for density in (0.1, 0.15, 0.3, 0.5, 0.7):
+            for mean in (1.0, 3.0, 8.0):
+                for length in range(2, 1025):
+                    noise = min(max(int(np.round(f32(length) * f32(density))), 1), length - 1)
+                    spans = min(max(int(np.round(f32(noise) / f32(mean))), 1), length - noise)
+                    self.assertEqual(dc.span_counts(length, density, mean), (noise, length - noise, spans),
+                                     (length, density, mean))
+
+    @parameterized.named_parameters(
+        # T5's random_spans_helper counts without clamping: 4 raw tokens at 0.15 are 1 noise token
+        # (round(0.6)) in round(1 / 1) = 1 span: inputs 3 + 1 + 1 = 5 > 4, so 3 raw tokens: 0 noise, 0 spans.
+        ("4_d15_m1", 4, 0.15, 1.0, (3, 1)),
+        ("8_d15_m3", 8, 0.15, 3.0, (8, 2)),
+        ("172_d15_m3", 172, 0.15, 3.0, (190, 38)),
+    )
+    def test_lengths_are_t5s_helper_at_every_length(self, input_length, density, mean_span, expected):
+        self.assertEqual(dc.compute_input_and_target_lengths(input_length, density, mean_span), expected)
+
+    def test_batch_keeps_every_token_where_t5s_mask_outgrows_its_helper(self):
+        # 172-token inputs: T5's helper gives 190 raw tokens and 38 targets (28 noise in 9 spans, in Python
+        # floats); its float32 mask puts 29 noise tokens in 10 spans there: 40 targets. T5 trims them to 38
+        # (losing a noise token and EOS); the batch widens instead, and every chunk is rebuilt.
+        col = self.collator(172)
+        self.assertEqual((col.raw_length, col.target_length), (190, 38))
+        rows = self.examples(col.raw_length, 8)
+        batch = col(rows)
+        self.assertEqual(batch["input_ids"].shape, (8, 172))
+        self.assertEqual(batch["labels"].shape, (8, 40))
+        self.assertTrue(torch.all(batch["labels"][:, -1] == EOS) and torch.all(batch["attention_mask"] == 1))
+        for i, row in enumerate(rows):
+            self.assertEqual(self.splice(batch["input_ids"][i], batch["labels"][i]), row["input_ids"])
+
     @parameterized.named_parameters(("d15", 0.15, 3.0), ("d50", 0.5, 3.0), ("d60", 0.6, 3.0), ("d80_m8", 0.8, 8.0))
     def test_realised_mean_span_length_is_the_one_asked_for(self, density, mean_span):
         # End to end through the collator, noise tokens per sentinel in the targets (256-token

@@ -267,6 +267,24 @@ class DenoisersTest(parameterized.TestCase):
         split = dc.random_prefix_split(np.random.default_rng(0), 20_000, 127, 0.25)
         self.assertEqual((split.min(), split.max()), (63, 126))
 
+    def test_prefix_bound_rounds_in_float32_as_t5(self):
+        # T5: round((1 - 2 * 0.15) * float32(45)) = round(31.5 in float32) = 32; float64 gives 31.499999999999996.
+        self.assertEqual(dc.min_prefix_length(46, 0.15), 32)
+
+    def test_span_rows_use_t5s_float32_counts_and_stay_input_length(self):
+        # 173-token inputs: 172 after the mode token, 190 raw tokens by T5's helper, where its float32 mask
+        # puts 29 noise tokens in 10 spans (Python floats: 28 in 9).
+        col = collator(173, ["R_3_0.15"])
+        self.assertEqual(col.raw_lengths, [190])
+        rows = examples(190, 16)
+        batch = col(rows)
+        labels = batch["labels"].numpy()
+        self.assertEqual(batch["input_ids"].shape, (16, 173))
+        self.assertTrue(np.all(((labels >= 2) & ~is_sentinel(labels)).sum(1) == 29))
+        self.assertTrue(np.all(is_sentinel(labels).sum(1) == 10))
+        for row in range(16):
+            self.assertEqual(rebuild(batch["input_ids"][row, 1:].numpy(), labels[row]), rows[row]["input_ids"].tolist())
+
     def test_replace_runs_rows_of_different_lengths(self):
         tokens = np.array([[5, 6, 7, 8, 9], [5, 6, 7, 8, 9]])
         runs = np.array([[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]], dtype=bool)

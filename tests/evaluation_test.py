@@ -69,7 +69,7 @@ class ScoreEqualsGreedyTest(parameterized.TestCase):
             for idx, ids in zip(ds["idx"], ds["input_ids"]):
                 out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=task.max_target_tokens,
                                      num_beams=1, do_sample=False)
-                predictions[idx] = tokenizer.decode(out[0], skip_special_tokens=True).strip()
+                predictions[idx] = tokenizer.decode(out[0], skip_special_tokens=True).lstrip()
         return predictions
 
     @parameterized.named_parameters(
@@ -211,6 +211,31 @@ class ResolveDecodingTest(parameterized.TestCase):
         cut = evaluation.label_candidates(entry, tokenizer, max_target_length=2)
         self.assertEqual(cut.shape[1], 2)
         self.assertTrue((cut[:, 1] == tokenizer.eos_token_id).all())
+
+
+
+class DecodeTextsTest(absltest.TestCase):
+    """Decoded outputs as T5's SentencePiece decode gives them: its label matching sees every space."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        import sentencepiece
+        from transformers import AutoTokenizer
+
+        cls.tok = AutoTokenizer.from_pretrained(fixtures.tokenizer_dir())
+        cls.sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(fixtures.tokenizer_dir(), "spiece.model"))
+
+    def test_a_trailing_space_stays_and_a_leading_one_goes_as_in_sentencepiece(self):
+        pieces = [["▁positive", "▁"], ["▁", "▁positive"], ["▁positive", "</s>"]]
+        ids = torch.tensor([[self.sp.piece_to_id(p) for p in row] for row in pieces])
+        self.assertEqual(evaluation.decode_texts(self.tok, ids), ["positive ", "positive", "positive"])
+
+    def test_random_rows_decode_as_sentencepiece_does(self):
+        rng, space = torch.Generator().manual_seed(0), self.sp.piece_to_id("▁")
+        rows = torch.randint(3, self.sp.get_piece_size(), (500, 6), generator=rng)
+        rows[::3, 0], rows[::4, -1] = space, space  # spaces at either end
+        self.assertEqual(evaluation.decode_texts(self.tok, rows), [self.sp.decode(row) for row in rows.tolist()])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ class LabelParsingTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("exact", "entailment", 0),
         ("second_word", "not_entailment", 1),
-        ("surrounding_whitespace", "  not_entailment\n", 1),
+        # As T5's string_label_to_class_id: the exact string, spaces and all.
+        ("surrounding_whitespace", "  not_entailment\n", -1),
+        ("leading_space", " entailment", -1),
+        ("trailing_space", "entailment ", -1),
         ("case_sensitive", "Entailment", -1),
         ("unknown_word", "maybe", -1),
         ("empty", "", -1),

@@ -39,9 +39,9 @@ def _read_lines(path: str) -> list[str]:
 class WriteTaskFileTest(fixtures.TempDirTestCase):
 
     @parameterized.named_parameters(
-        # Stripped as evaluation strips; no label word, or an empty output, falls back (1: 2 of 3).
+        # No label word, an empty output or a spaced one (T5 matches the exact string) falls back (1: 2 of 3).
         ("sst2", "sst2", ["positive", "negative", "neutral", "", " positive "], [0, 1, 1],
-         ["1", "0", "1", "1", "1"], 2),
+         ["1", "0", "1", "1", "1"], 3),
         ("cola_tie_goes_to_the_lower_class", "cola", ["acceptable", "grammatical"], [0, 1, 1, 0], ["1", "0"], 1),
         # WNLI's class 0 is not_entailment; words match case and all, as in T5.
         ("wnli", "wnli", ["not_entailment", "entailment", "Entailment"], [1], ["0", "1", "1"], 1),
@@ -280,7 +280,7 @@ def _glue_form(task: str, prediction: str) -> str | None:
             return None
         return f"{min(max(score, 0.0), 5.0):.3f}" if math.isfinite(score) else None
     words = get_entry("glue", task).label_words
-    return str(words.index(prediction.strip())) if prediction.strip() in words else None
+    return str(words.index(prediction)) if prediction in words else None
 
 
 def _fallback(task: str) -> str:

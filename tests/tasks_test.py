@@ -250,8 +250,13 @@ class ScorerTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("sst2_invalid_counts_wrong", "sst2", ["positive", "negative", "maybe"],
          ["positive", "positive", "negative"], {"accuracy": 100 / 3}),
-        ("sst2_whitespace_stripped", "sst2", [" positive\n", "negative"], ["positive", "negative"],
-         {"accuracy": 100.0}),
+        # T5's string_label_to_class_id matches the exact string: a spaced label word is no label.
+        ("sst2_spaced_label_is_invalid", "sst2", [" positive\n", "negative"], ["positive", "negative"],
+         {"accuracy": 50.0}),
+        # Ids: preds [-1, 1, 0, 0] vs [1, 1, 0, 1]: 2 right of 4; predicted counts 1, 2, 1 (-1, 0, 1),
+        # true 0, 1, 3 -> MCC = (2 * 4 - 5) / sqrt((16 - 6) * (16 - 10)) = 3 / sqrt(60). Stripped: 4 / sqrt(48).
+        ("cola_spaced_label_is_invalid", "cola", [" acceptable", "acceptable", "unacceptable", "unacceptable"],
+         ["acceptable", "acceptable", "unacceptable", "acceptable"], {"matthews_corrcoef": 300 / 60 ** 0.5}),
         # Ids: preds [1, -1, 0, 1, 1] vs [1, 1, 0, 0, 1]. For F1 the invalid -1 becomes the wrong
         # class (0): TP 2, FP 1, FN 1 -> 2/3. Accuracy: 3 of 5.
         ("mrpc_invalid", "mrpc", ["equivalent", "garbage", "not_equivalent", "equivalent", "equivalent"],
