@@ -28,6 +28,9 @@ PREFIX_LENGTHS = (*range(2, 66), 127, 128, 255, 256, 511, 512, 567, 568, 1023, 1
 VOCAB_SIZE, EOS, PAD = 100, 1, 0  # the corruption cases' ids: sentinels 99, 98, ... as T5 counts them
 # Made rows for the GLUE tasks whose files the shared data lacks (their text and labels are arbitrary).
 MADE_ROWS = 60
+# The GLUE folders T5_TRAINING_DATA holds (docs/development.md): only these are asked of it, so that
+# CI's T5_TRAINING_REQUIRE_DATA fails on a missing one and never on a task the data never had.
+REAL_FOLDERS = ("CoLA", "SST-2", "MRPC", "STS-B")
 MIXING_SETTINGS = ((None, 1.0), (65536, 1.0), (None, 2.0), (65536, 3.0), (2 ** 19, 1.0))
 
 
@@ -41,10 +44,12 @@ def glue_rows() -> dict:
     dev and test rows where the shared data has them, made rows for the rest."""
     rows = {}
     for task, entry in GLUE.items():
-        try:
-            path = fixtures.real_data(entry.folder)
-        except unittest.SkipTest:
-            path = None
+        path = None
+        if entry.folder in REAL_FOLDERS:
+            try:
+                path = fixtures.real_data(entry.folder)
+            except unittest.SkipTest:  # a bare clone: made rows for these too
+                pass
         if path:  # train, dev and the unlabelled test rows
             splits = data.load_splits(entry, data_dir=path)
             splits.update(submission.load_test_splits(entry, data_dir=path, log=lambda *_: None))
