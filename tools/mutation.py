@@ -1,6 +1,6 @@
 """Mutation testing of core modules, each against its own test files only (pyproject.toml, [tool.mutmut]).
 
-    python tools/mutation.py t5_training/step.py t5_training/losses.py    # tests/step_test.py
+    python tools/mutation.py t5_training/step.py t5_training/losses.py    # tests/step_test.py, tests/losses_test.py
     python tools/mutation.py --tests tests/x_test.py t5_training/x.py
 
 Mutates the files given (each must be in only_mutate) and runs only their tests: tests/NAME_test.py
