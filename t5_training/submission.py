@@ -213,7 +213,9 @@ def write_task_files(entry: TaskEntry, tests: dict[str, datasets.Dataset], predi
         warned = no_label.warning(path, missed, len(indices), default)
         if warned:
             warn(warned)
-        part.files[test.file] = {"rows": len(indices), **no_label.counts(entry, predictions[test.name]),
+        # The count write_task_file already made, not a second pass over the predictions.
+        share = missed / len(indices) if indices else 0.0
+        part.files[test.file] = {"rows": len(indices), "no_label": missed, "no_label_share": share,
                                  "written_as": default}
         part.paths.append(path)
     return part
