@@ -1,4 +1,4 @@
-"""The benchmark scripts run: each in --quick mode, as a subprocess, checked through the JSON it writes.
+"""The benchmark scripts run: each in --quick mode (most as a subprocess), checked through the JSON it writes.
 
 Quick mode checks that a script works, not its speed, so it reads the data the tests make
 (made_data.py, through T5_TRAINING_DATA) rather than the real files, and timings are only required to be
@@ -6,10 +6,14 @@ positive; the values that do not depend on the machine (FLOP counts, chunk count
 collator's own correctness checks) are checked exactly.
 """
 
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -209,7 +213,28 @@ class PretrainingTransferTest(fixtures.TempDirTestCase):
 
 
 class PeftBenchmarkTest(fixtures.TempDirTestCase):
-    """benchmarks/peft.py at a toy size: methods side by side, paired seeds, reuse of finished runs."""
+    """benchmarks/peft.py at a toy size: methods side by side, paired seeds, reuse of finished runs.
+
+    The script's own process is this one (its runs are still processes of their own): it is
+    imported under another name, since `peft` is the package it measures.
+    """
+
+    def run_benchmark(self, argv: list[str]) -> tuple[dict, str]:
+        """peft.py's main(argv) here, with the quick runs' environment and made data; (results, stdout)."""
+        spec = importlib.util.spec_from_file_location("peft_benchmark", os.path.join(BENCHMARKS, "peft.py"))
+        if BENCHMARKS not in sys.path:
+            sys.path.append(BENCHMARKS)  # last, as _harness puts it: for `import _harness`, hiding no package
+            self.addCleanup(sys.path.remove, BENCHMARKS)
+        benchmark = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(benchmark)
+        import pretraining_transfer  # where the task's data folder is set, once per process
+
+        stdout = io.StringIO()
+        # main() sets threads and offline variables for its runs: gone again when it returns.
+        with mock.patch.dict(os.environ, _quick_env()), contextlib.redirect_stdout(stdout), \
+                mock.patch.dict(pretraining_transfer.TASKS["sst2"], data_dir=os.path.join(made_data.data_root(),
+                                                                                          "SST-2")):
+            return benchmark.main(argv), stdout.getvalue()
 
     def test_methods_are_measured_side_by_side_and_reused(self):
         from t5_training import modeling
@@ -220,14 +245,12 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         model.save_pretrained(base)
         tokenizer.save_pretrained(base)
         out = os.path.join(self.dir, "out")
-        command = [sys.executable, os.path.join(BENCHMARKS, "peft.py"), "--pretrained", base, "--methods", "full",
-                   "lora", "--seeds", "0", "1", "--steps", "3", "--labelled", "24", "--threads", "1",
-                   "--output_dir", out, "--study_dir", os.path.join(self.dir, "study")]
-        done = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                              env=_quick_env())
-        self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
+        argv = ["--pretrained", base, "--methods", "full", "lora", "--seeds", "0", "1", "--steps", "3",
+                "--labelled", "24", "--threads", "1", "--output_dir", out, "--study_dir", os.path.join(self.dir, "study")]
+        results, stdout = self.run_benchmark(argv)
         with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-            rows = {row["method"]: row for row in json.load(f)["table"]}
+            self.assertEqual(json.load(f)["table"], results["table"])
+        rows = {row["method"]: row for row in results["table"]}
         # Full fine-tuning trains every weight (the tied embedding once); LoRA r=7 on all six linear
         # layers trains 7 x (d_in + d_out) per matrix: per encoder layer q, k, v, o (128 -> 128), wi
         # (128 -> 512) and wo (512 -> 128); per decoder layer twice the attention matrices.
@@ -240,23 +263,21 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         self.assertLess(rows["lora"]["checkpoint MiB"], 0.1 * rows["full"]["checkpoint MiB"])
         self.assertEqual(rows["full"]["vs full (95% interval)"], "+0.00 (+0.00 to +0.00)")
         self.assertLen(rows["lora"]["per seed"].split(), 2)
-        self.assertIn("lora", done.stdout)
+        self.assertIn("lora", stdout)
+        self.assertEqual(stdout.count("done in"), 4)  # each run in a process of its own
 
         # Run again: every run is read back, none trains.
         saved = os.path.join(out, "lora-seed1", "benchmark.json")
         before = os.stat(saved).st_mtime_ns
-        again = subprocess.run(command, cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                               env=_quick_env())
-        self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+        again, stdout = self.run_benchmark(argv)
+        self.assertEqual(again["table"], results["table"])
         self.assertEqual(os.stat(saved).st_mtime_ns, before)
-        self.assertNotIn("done in", again.stdout)
+        self.assertNotIn("done in", stdout)
 
         # Other flags over finished runs: refused in one line that names the change; nothing retrained.
-        other = subprocess.run(_with(command, "--steps", "4"), cwd=fixtures.REPO, capture_output=True, text=True,
-                               timeout=600, env=_quick_env())
-        self.assertEqual(other.returncode, 2, other.stderr[-3000:])
-        self.assertEqual(other.stderr.strip().splitlines(), [other.stderr.strip()])
-        self.assertIn("holds a finished run trained with other flags (--max_steps 3 -> 4)", other.stderr)
+        with self.assertRaisesRegex(UsageError, "holds a finished run trained with other flags "
+                                                r"\(--max_steps 3 -> 4\)"):
+            self.run_benchmark(_with(argv, "--steps", "4"))
         self.assertEqual(os.stat(saved).st_mtime_ns, before)
 
 

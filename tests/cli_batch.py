@@ -1,21 +1,28 @@
-"""Runs many short command lines of the two scripts in one Python start: each in its own forked process.
+"""Runs many short command lines in one Python start: each in its own forked process.
 
 A fresh `python fine_tune_t5.py ...` spends about 9 s importing torch, transformers, accelerate
 and datasets before it reads its first flag; a test of refused input then costs 9 s per case.
-Here one process imports both scripts once and forks a child per command line. The child is
-still a process of its own: it gets the script's exact entry (`run_cli(main, argv)`, what the
-`__main__` block calls), its own stdout and stderr at the file-descriptor level, so whatever
-a library writes there is caught too, and its own exit code. Nothing a case does reaches the
-next one.
+Here one process imports what the commands share once and forks a child per command line. The
+child is still a process of its own: its own stdout and stderr at the file-descriptor level, so
+whatever a library writes there is caught too, and its own exit code. Nothing a case does
+reaches the next one.
 
-    results = cli_batch.run([("fine_tune_t5", ["--learning_rte", "1"]), ...])
-    results[0] == {"returncode": 2, "stdout": "...", "stderr": "error: ...\n"}
+Two kinds of command line:
+
+    run([("fine_tune_t5", ["--learning_rte", "1"]), ...])   # a script's exact entry: run_cli(main, argv)
+    run_python([["-m", "t5_training.sweep", "--help"], ["-c", "print(1)"]], preload=["torch"])
+        # what `python -m ...` / `python -c ...` would do, after importing `preload` in the parent
+
+Both return [{"returncode", "stdout", "stderr"}], in order. The first imports the scripts in the
+parent; `python -m X` in a child runs X fresh as __main__, so the parent preloads only libraries,
+never X itself (runpy would warn about a module imported twice).
 """
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -25,24 +32,62 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run(cases: list[tuple[str, list[str]]], timeout: float = 900) -> list[dict]:
     """[(script module, argv)] -> [{"returncode", "stdout", "stderr"}], in order."""
+    return _batch({"scripts": [{"script": script, "argv": argv} for script, argv in cases]}, REPO, None, timeout)
+
+
+def run_python(command_lines: list[list[str]], *, preload: list[str] = (), cwd: str = REPO, env: dict | None = None,
+               timeout: float = 900) -> list[dict]:
+    """[python's arguments: "-m", module, args... or "-c", code, args...] -> results, in order.
+
+    Runs in `cwd` with `env` (default: this process's), as `python ARGS...` started there would.
+    """
+    for argv in command_lines:
+        if len(argv) < 2 or argv[0] not in ("-m", "-c"):
+            raise ValueError(f"expected ['-m', MODULE, ...] or ['-c', CODE, ...], got {argv!r}")
+    return _batch({"preload": list(preload), "python": command_lines}, cwd, env, timeout)
+
+
+def _batch(spec: dict, cwd: str, env: dict | None, timeout: float) -> list[dict]:
     with tempfile.TemporaryDirectory() as folder:
-        spec = os.path.join(folder, "cases.json")
-        with open(spec, "w", encoding="utf-8") as f:
-            json.dump([{"script": script, "argv": argv} for script, argv in cases], f)
-        # One thread per child: the cases are short, and the suite runs two test workers.
-        done = subprocess.run([sys.executable, "-m", "tests.cli_batch", spec, folder], cwd=REPO, timeout=timeout,
-                              capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        path = os.path.join(folder, "cases.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        # By path, not `-m tests.cli_batch`: `cwd` need not be the checkout (a wheel's test runs
+        # elsewhere). One thread per child: the cases are short, and the suite runs two test workers.
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), path, folder], cwd=cwd, timeout=timeout,
+                              capture_output=True, text=True, env={**(env or os.environ), "OMP_NUM_THREADS": "1"})
         if done.returncode != 0:
             raise RuntimeError(f"cli_batch failed ({done.returncode}): {done.stderr[-3000:]}")
         results = []
-        for i in range(len(cases)):
+        for i in range(len(spec.get("scripts") or spec["python"])):
             with open(os.path.join(folder, f"{i}.json"), encoding="utf-8") as f:
                 results.append(json.load(f))
         return results
 
 
-def _run_one(module, argv: list[str], out_path: str, err_path: str) -> int:
-    """Forks; the child runs one command line with stdout/stderr sent to files. Returns its exit code."""
+def _script_entry(module, argv: list[str]):
+    def entry() -> int:
+        sys.argv = [module.__file__, *argv]
+        from t5_training.errors import run_cli
+        return run_cli(module.main, argv)
+    return entry
+
+
+def _python_entry(argv: list[str]):
+    def entry() -> int:
+        option, target, *rest = argv
+        if option == "-m":
+            sys.argv = [target, *rest]  # runpy puts the module's path in argv[0], as `python -m` does
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *rest]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - the test's own code
+        return 0
+    return entry
+
+
+def _run_one(entry, out_path: str, err_path: str) -> int:
+    """Forks; the child runs `entry` with stdout/stderr sent to files. Returns its exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -53,11 +98,13 @@ def _run_one(module, argv: list[str], out_path: str, err_path: str) -> int:
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(target, fd)
                 os.close(target)
-            sys.argv = [module.__file__, *argv]
-            from t5_training.errors import run_cli
-            code = run_cli(module.main, argv)
+            code = entry()
         except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
+            # As the interpreter exits: None is 0, a number is the code, anything else is printed and 1.
+            code = 0 if exit_.code is None else exit_.code
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+                code = 1
         except BaseException:  # noqa: BLE001 - the child must reach os._exit whatever happens
             import traceback
             traceback.print_exc()
@@ -69,13 +116,21 @@ def _run_one(module, argv: list[str], out_path: str, err_path: str) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def main(spec: str, folder: str) -> None:
-    with open(spec, encoding="utf-8") as f:
-        cases = json.load(f)
-    modules = {name: importlib.import_module(name) for name in sorted({case["script"] for case in cases})}
-    for i, case in enumerate(cases):
+def main(spec_path: str, folder: str) -> None:
+    # As `python -m`/`-c` started here: the working directory first on the path, not tests/.
+    sys.path[0] = os.getcwd()
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    if "scripts" in spec:
+        modules = {name: importlib.import_module(name) for name in sorted({case["script"] for case in spec["scripts"]})}
+        entries = [_script_entry(modules[case["script"]], case["argv"]) for case in spec["scripts"]]
+    else:
+        for name in spec["preload"]:
+            importlib.import_module(name)
+        entries = [_python_entry(argv) for argv in spec["python"]]
+    for i, entry in enumerate(entries):
         out_path, err_path = os.path.join(folder, f"{i}.out"), os.path.join(folder, f"{i}.err")
-        code = _run_one(modules[case["script"]], case["argv"], out_path, err_path)
+        code = _run_one(entry, out_path, err_path)
         with open(out_path, encoding="utf-8", errors="replace") as out, \
                 open(err_path, encoding="utf-8", errors="replace") as err:
             result = {"returncode": code, "stdout": out.read(), "stderr": err.read()}

@@ -11,7 +11,7 @@ import zipfile
 import yaml
 from absl.testing import absltest
 
-from tests import fixtures
+from tests import cli_batch, fixtures
 
 
 def _read(name):
@@ -113,22 +113,23 @@ class WheelTest(absltest.TestCase):
                  "from t5_training.modeling import resolve_config_name\n"
                  "print(pre_train_t5.__file__, data_collator_t5.__file__, resolve_config_name('t5-tiny'),\n"
                  "      resolve_config_name('configs/t5-base.json'), resolve_config_name('google/t5-v1_1-small'))")
-        out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=self.tmp.name, capture_output=True,
-                             text=True, check=True).stdout.split()
+        commands = [["-m", "t5_training.dataset_stats", "--help"], ["-m", "pre_train_t5", "--help"],
+                    ["-m", "t5_training.sweep", "--help"],
+                    # its default --config_name is configs/t5-small.json, the checkout's path
+                    ["-m", "t5_training.memory", "--batch_size", "1", "--source_length", "8", "--target_length", "2"]]
+        # One Python start for all five, each command in a forked process (tests/cli_batch.py).
+        probe_run, *runs = cli_batch.run_python([["-c", probe], *commands], preload=["torch", "transformers"],
+                                                cwd=self.tmp.name, env=env)
+        self.assertEqual(probe_run["returncode"], 0, probe_run["stderr"][-2000:])
+        out = probe_run["stdout"].split()
         for path in out[:4]:  # the wheel's copies, not the checkout's
             self.assertTrue(path.startswith(site), path)
         self.assertTrue(out[2].endswith(os.path.join("t5_training", "configs", "t5-tiny.json")))
         self.assertTrue(out[3].endswith(os.path.join("t5_training", "configs", "t5-base.json")))
         self.assertEqual(out[4], "google/t5-v1_1-small")  # a hub name stays a hub name
-        for command in (["-m", "t5_training.dataset_stats", "--help"], ["-m", "pre_train_t5", "--help"],
-                        ["-m", "t5_training.sweep", "--help"],
-                        # its default --config_name is configs/t5-small.json, the checkout's path
-                        ["-m", "t5_training.memory", "--batch_size", "1", "--source_length", "8",
-                         "--target_length", "2"]):
-            run = subprocess.run([sys.executable, *command], env=env, cwd=self.tmp.name, capture_output=True,
-                                 text=True)
-            self.assertEqual(run.returncode, 0, f"{command}: {run.stderr[-800:]}")
-        self.assertIn("60.5M parameters", run.stdout)
+        for command, run in zip(commands, runs):
+            self.assertEqual(run["returncode"], 0, f"{command}: {run['stderr'][-800:]}")
+        self.assertIn("60.5M parameters", run["stdout"])
 
 
 if __name__ == "__main__":

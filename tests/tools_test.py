@@ -11,7 +11,7 @@ import sys
 
 from absl.testing import absltest, parameterized
 
-from tests import fixtures
+from tests import cli_batch, fixtures
 
 # t5_training/<name>.py: the alias that keeps `python -m t5_training.<name>` running the tool.
 ALIASES = ("tokenizer", "memory", "dataset_stats", "sweep")
@@ -41,19 +41,25 @@ def _training_files() -> list[str]:
 
 class AliasTest(parameterized.TestCase):
 
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # Every command in one Python start, each in a forked process of its own (tests/cli_batch.py).
+        commands = [["-m", f"t5_training.{name}", "--help"] for name in ALIASES]
+        commands.append(["-m", "t5_training.sweep", "no_such_sweep.yaml", "--output_dir", "unused"])
+        cls.runs = cli_batch.run_python(commands, preload=["torch", "transformers"], timeout=300)
+
     @parameterized.parameters(*ALIASES)
     def test_the_command_keeps_its_name(self, name):
-        run = subprocess.run([sys.executable, "-m", f"t5_training.{name}", "--help"], cwd=fixtures.REPO,
-                             capture_output=True, text=True, timeout=300)
-        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
-        self.assertStartsWith(run.stdout, "usage: ")
+        run = self.runs[ALIASES.index(name)]
+        self.assertEqual(run["returncode"], 0, run["stderr"][-2000:])
+        self.assertStartsWith(run["stdout"], "usage: ")
 
     def test_an_error_keeps_its_exit_code(self):
-        run = subprocess.run([sys.executable, "-m", "t5_training.sweep", "no_such_sweep.yaml", "--output_dir",
-                              "unused"], cwd=fixtures.REPO, capture_output=True, text=True, timeout=300)
-        self.assertEqual(run.returncode, 2, run.stderr[-2000:])
-        self.assertEqual(run.stderr, "error: sweep file 'no_such_sweep.yaml' not found; pass a YAML such as "
-                                     "sweeps/glue_sst2.yaml\n")
+        run = self.runs[-1]
+        self.assertEqual(run["returncode"], 2, run["stderr"][-2000:])
+        self.assertEqual(run["stderr"], "error: sweep file 'no_such_sweep.yaml' not found; pass a YAML such as "
+                                        "sweeps/glue_sst2.yaml\n")
 
     @parameterized.parameters(*ALIASES)
     def test_an_alias_only_runs_the_tools_main(self, name):
