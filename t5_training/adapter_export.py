@@ -84,7 +84,7 @@ def refuse_training(adapter: str, path: str) -> None:
     """Refuses to fine-tune an adapter export as if it were a model: it holds no model to train."""
     name = method(adapter)
     raise UsageError(f"--model_name_or_path {path} holds a {name} adapter, not a model to train: evaluate or predict "
-                     "with it under --do_train false; to train it further, resume its run with "
+                     "with it (fine_tune_t5.py --do_train false); to train it further, resume its run with "
                      f"--resume_from_checkpoint, or train a new adapter on its base ({base_of(adapter)}) with "
                      f"--peft {name}")
 

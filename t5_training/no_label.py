@@ -75,8 +75,8 @@ def dev_warnings(results: Mapping[str, float]) -> list[str]:
         counted = (f"{run_dir.RESULTS_FILES['eval']}: {missed} of {rows} dev outputs{f' of {where}' if where else ''} "
                    f"({share:.1%}) name no label")
         if share > MOSTLY:
-            lines.append(f"WARNING: {counted}, so its metrics score mostly misses: {_NOT_LEARNED}; predictions_*.tsv "
-                         "has the raw outputs")
+            lines.append(f"WARNING: {counted} and are scored as wrong: {_NOT_LEARNED}; predictions_*.tsv has the "
+                         "raw outputs")
         else:
             lines.append(f"warning: {counted} and are scored as wrong; predictions_*.tsv has the raw outputs")
     return lines

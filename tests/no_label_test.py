@@ -77,8 +77,8 @@ class WarningTest(parameterized.TestCase):
         self.assertEqual(lines[0], "warning: eval_results.json: 3 of 32 dev outputs of sst2 (9.4%) name no label and "
                                    "are scored as wrong; predictions_*.tsv has the raw outputs")
         self.assertStartsWith(lines[1], "WARNING: eval_results.json: 20 of 32 dev outputs of mnli/validation_matched "
-                                        "(62.5%) name no label, so its metrics score mostly misses: the model has not "
-                                        "learned the label words")
+                                        "(62.5%) name no label and are scored as wrong: the model has not learned the "
+                                        "label words")
         self.assertLen(lines, 2)
         self.assertEqual(no_label.dev_warnings({"no_label": 0, "no_label_share": 0.0, "accuracy": 100.0}), [])
         self.assertEqual(no_label.dev_warnings({"rougeLsum": 30.0}), [])  # a seq2seq task has no labels to miss
