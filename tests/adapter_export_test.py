@@ -51,10 +51,10 @@ def _rows(path: str) -> list[dict]:
 class _Exports(fixtures.SavedModelTestCase):
     """A saved tiny model (a user's pretrained base) and a folder for the runs."""
 
-    def evaluate(self, model: str, *flags: str) -> tuple[str, dict, str]:
-        """--do_train false --do_predict with --model_name_or_path `model`: (its output dir, results, stderr)."""
+    def evaluate(self, model: str, predict: bool = False) -> tuple[str, dict, str]:
+        """--do_train false (and --do_predict) with --model_name_or_path `model`: (its output dir, results, stderr)."""
         out = tempfile.mkdtemp(dir=self.tmp)
-        args = fixtures.fine_tune_args(out, "--do_train", "false", "--do_predict", *flags)
+        args = fixtures.fine_tune_args(out, "--do_train", "false", *["--do_predict"] * predict)
         at = args.index("--tokenizer_name")  # as a user passes it: the export names its own
         return (out, *_run(_model_flag(args[:at] + args[at + 2:], model)))
 
@@ -108,7 +108,7 @@ class PromptTuningTest(_Exports):
     @parameterized.named_parameters(("best", "best"), ("final", "final"), ("final_adapter", "final/adapter"))
     def test_an_export_evaluates_to_the_metrics_the_run_reported_for_it(self, folder):
         reported = self.evals[self.results["eval"]["best_step"] if folder == "best" else STEPS]
-        out, results, stderr = self.evaluate(os.path.join(self.out, folder))
+        out, results, stderr = self.evaluate(os.path.join(self.out, folder), predict=True)
         self.assertEqual(set(results["eval"]), {k for k in reported if k != "step"})
         for key, value in results["eval"].items():
             self.assertAlmostEqual(value, reported[key], delta=1e-6 * abs(reported[key]), msg=key)
