@@ -14,6 +14,8 @@
     # GLUE's leaderboard files from a trained model, no training:
     python fine_tune_t5.py --benchmark glue --dataset_name sst2 --model_name_or_path runs/sst2/best \
         --do_train false --do_predict --data_dir ../shared/data/SST-2 --output_dir runs/sst2-test
+    # the same from a --peft run's export: its adapter is put on its base (t5_training/adapter_export.py)
+    python fine_tune_t5.py ... --model_name_or_path runs/sst2-prompt/best --do_train false --do_predict ...
 
 Writes to --output_dir: step-NNNNNN/ checkpoints, best/ and final/ models (save_pretrained),
 eval_results.json, train_results.json, predictions_<split>.tsv and loss_curve.png (an adapter's
@@ -34,7 +36,7 @@ from accelerate.utils import set_seed
 
 from constants import DATASET_VALS
 from t5_training import (adapter_record, adapters, agreement, batch_size, data, evaluation, loop, mixture,
-                         multitask, run_dir, runtime, submission)
+                         multitask, no_label, run_dir, runtime, submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -71,7 +73,9 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
     project_name: str = field(default="t5-fine-tune", metadata={"help": "Tracker (W&B) project."})
     do_train: bool = field(
         default=True, metadata={"help": "Train. false: only evaluate --model_name_or_path on the eval splits "
-                                        "(and predict, with --do_predict): no optimizer, no checkpoints."})
+                                        "(and predict, with --do_predict): no optimizer, no checkpoints. An "
+                                        "adapter run's best/ or final/ (prompt tuning's too) or its adapter/ "
+                                        "loads with its base, through peft; no --peft."})
     do_predict: bool = field(
         default=False, metadata={"help": "Predict the unlabelled test splits with the final model and write the "
                                          "leaderboard's files: submission/<Task>.tsv and submission.zip, and "
@@ -92,6 +96,15 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
         if self.benchmark in DATASET_VALS:  # an unknown one is named when the run starts
             self.check_mixture_flags(mixture.task_names(DATASET_VALS[self.benchmark], self.dataset_name))
 
+    def check_given(self, given: frozenset[str]) -> None:
+        """Refuses adapter flags under --do_train false, which reads an adapter with its settings, then the rest."""
+        typed = [f"--{name}" for names in adapters.METHOD_FLAGS.values() for name in names if name in given]
+        if typed and not self.do_train:
+            raise UsageError(f"{' and '.join(typed)} set{'s' if len(typed) == 1 else ''} up an adapter to train, and "
+                             "--do_train false trains nothing (an adapter is read from --model_name_or_path's export, "
+                             f"with its own settings): drop {'it' if len(typed) == 1 else 'them'}")
+        super().check_given(given)
+
     def _check_evaluation_only(self):
         if not self.model_name_or_path:
             raise UsageError("--do_train false evaluates a trained model: pass it as --model_name_or_path "
@@ -101,7 +114,8 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
                              "as --model_name_or_path instead")
         if self.peft != "none":
             raise UsageError(f"--peft {self.peft} trains a new adapter; with --do_train false pass the trained "
-                             "model's merged export (its best/ or final/) as --model_name_or_path, without --peft")
+                             "model's export (its best/ or final/, which hold the adapter and name its base) as "
+                             "--model_name_or_path, without --peft")
         mixing = self.mixture_flags_set()
         if mixing:
             one = len(mixing) == 1
@@ -117,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     resume_path = run_dir.check_output_dir(config)
     accelerator = runtime.build_accelerator(config)
     set_seed(config.seed)
-    tokenizer, model = load_tokenizer_and_model(config)
+    tokenizer, model = load_tokenizer_and_model(config, evaluate_only=not config.do_train)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
     model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path,
                            zero3=evaluation.is_zero3(accelerator), random_base=not config.model_name_or_path,
@@ -135,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
         model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter)
     else:
         model, results = evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings)
+    for line in no_label.dev_warnings(results["eval"]):
+        warn(accelerator)(line)
     if config.do_predict:
         results["predict"] = predict(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     runtime.close(accelerator)

@@ -10,7 +10,8 @@ the optimizer then sees the adapter's parameters only (optim.build_optimizer tak
 ones). Checkpoints hold the trainable weights alone (checkpoint.save_checkpoint's
 `trainable_only`), and an export holds the adapter in `<name>/adapter/` (`PeftModel.from_pretrained`
 loads it) and, for LoRA and IA3, the merged model in `<name>/` itself, which `from_pretrained`
-loads without peft. Prompt tuning cannot be merged: its `<name>/` holds the adapter and tokenizer.
+loads without peft. Prompt tuning cannot be merged: its `<name>/` holds the adapter and tokenizer,
+which fine_tune_t5.py --do_train false evaluates on its base (t5_training/adapter_export.py).
 
 peft is imported only when `--peft` is set: it adds about 4 s to every start.
 """
@@ -49,7 +50,8 @@ class AdapterConfig:
                                           "that adapter (through peft), the base weights frozen. Checkpoints "
                                           "record the adapter's flags and base, and resume only with the same. "
                                           "On a random base (no --model_name_or_path): a warning, and exports "
-                                          "save the base in <export>/base/."})
+                                          "save the base in <export>/base/. To evaluate or predict with an "
+                                          "export: --do_train false --model_name_or_path <run>/best, no --peft."})
     lora_r: int = field(default=8, metadata={"help": "LoRA's rank r."})
     lora_alpha: int = field(default=8, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r."})
     lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on LoRA's input."})

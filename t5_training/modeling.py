@@ -10,6 +10,7 @@ import os
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
+from t5_training import adapter_export
 from t5_training.errors import UsageError
 
 
@@ -107,10 +108,23 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
     return model
 
 
-def load_tokenizer_and_model(config):
-    """The tokenizer and model a `ModelConfig` names, with dropout and gradient checkpointing applied."""
-    tokenizer = load_tokenizer(config.tokenizer_name or config.model_name_or_path, config.trust_remote_code)
+def load_tokenizer_and_model(config, *, evaluate_only: bool = False):
+    """The tokenizer and model a `ModelConfig` names, with dropout and gradient checkpointing applied.
+
+    `evaluate_only`: the model is only evaluated (fine_tune_t5.py --do_train false), so
+    --model_name_or_path may name an adapter run's export, which holds no model of its own
+    (t5_training.adapter_export): it is loaded frozen on its base, through peft.
+    """
     overrides = {"dropout_rate": config.dropout_rate} if config.dropout_rate is not None else {}
+    adapter = adapter_export.find(config.model_name_or_path)
+    if adapter:
+        if not evaluate_only:
+            adapter_export.refuse_training(adapter, config.model_name_or_path)
+        tokenizer = load_tokenizer(config.tokenizer_name or adapter_export.tokenizer_source(adapter),
+                                   config.trust_remote_code)
+        return tokenizer, adapter_export.load(adapter, lambda base: load_model(
+            base, None, tokenizer, trust_remote_code=config.trust_remote_code, overrides=overrides))
+    tokenizer = load_tokenizer(config.tokenizer_name or config.model_name_or_path, config.trust_remote_code)
     model = load_model(config.model_name_or_path, config.config_name, tokenizer,
                        trust_remote_code=config.trust_remote_code, overrides=overrides)
     if config.gradient_checkpointing:

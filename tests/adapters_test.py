@@ -32,8 +32,7 @@ ALL_LINEAR = "q,k,v,o,wi,wo"
 
 
 def _tiny_model():
-    torch.manual_seed(0)
-    return modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+    return fixtures.tiny_model()
 
 
 def _config(*flags):
@@ -122,16 +121,8 @@ class CountTest(parameterized.TestCase):
             _config(*flags)
 
 
-class _SavedBase(parameterized.TestCase):
+class _SavedBase(fixtures.SavedModelTestCase):
     """A tiny model saved once, which every run fine-tunes."""
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.tmp = tempfile.mkdtemp()
-        cls.base = os.path.join(cls.tmp, "base")
-        _tiny_model().save_pretrained(cls.base)
-        modeling.load_tokenizer(fixtures.tokenizer_dir()).save_pretrained(cls.base)
 
     @classmethod
     def args(cls, name, *flags, base=None):
@@ -210,28 +201,6 @@ class ExportTest(_SavedBase):
         # The best evaluation's export has the same two forms as final/.
         for name in ("config.json", os.path.join(adapters.ADAPTER_DIR, "adapter_config.json")):
             self.assertTrue(os.path.isfile(os.path.join(out, "best", name)), name)
-
-    def test_prompt_tuning_exports_its_adapter_and_evaluates_with_the_prompt(self):
-        out, results = self.run_fine_tune("prompt", "--peft", "prompt_tuning", "--num_virtual_tokens", "5")
-        final = os.path.join(out, "final")
-        self.assertFalse(os.path.exists(os.path.join(final, "config.json")))  # nothing to merge into
-        self.assertIsNotNone(run_dir.read_results(out))
-        model = PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(self.base),
-                                          os.path.join(final, adapters.ADAPTER_DIR)).eval()
-        batch = self.dev_batch()
-        decoder_input_ids = torch.zeros((len(batch["input_ids"]), 3), dtype=torch.long)
-        with torch.no_grad():
-            # Evaluation's own path (the encoder once, then the base model's decoder) equals peft's forward.
-            encoded, mask = adapters.encode(model, batch["input_ids"], batch["attention_mask"])
-            self.assertEqual(mask.shape[1], batch["attention_mask"].shape[1] + 5)
-            ours = adapters.base_model(model)(encoder_outputs=(encoded,), attention_mask=mask,
-                                              decoder_input_ids=decoder_input_ids).logits
-            peft_logits = model(**batch, decoder_input_ids=decoder_input_ids).logits
-            torch.testing.assert_close(ours, peft_logits, rtol=1e-5, atol=1e-5)
-            # ... and differs from the model without its prompt.
-            plain = adapters.base_model(model)(**batch, decoder_input_ids=decoder_input_ids).logits
-        self.assertFalse(torch.allclose(ours, plain, atol=1e-4))
-        self.assertIn("loss", results["eval"])
 
 
 class RandomBaseTest(_SavedBase):

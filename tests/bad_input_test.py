@@ -71,6 +71,10 @@ CASES = [
      "put the task's test.tsv in --data_dir, or drop --do_predict"),
     ("evaluate_without_a_model", FINE_TUNE, ["--do_train", "false", "--do_predict"],
      "--do_train false evaluates a trained model", "pass it as --model_name_or_path"),
+    # A prompt-tuned export whose adapter_config.json names a base that is not there.
+    ("adapter_base_missing", FINE_TUNE, ["--do_train", "false", "--model_name_or_path", "{f}/lost_base"],
+     "the adapter in {f}/lost_base/adapter adapts the base model '{f}/nowhere', which could not be loaded",
+     "edit base_model_name_or_path in"),
     ("adapter_with_freezing", FINE_TUNE, ["--peft", "prompt_tuning", "--freeze_encoder"],
      "--freeze_encoder with --peft prompt_tuning", "drop --freeze_encoder"),
     ("adapter_target_missing", FINE_TUNE, ["--peft", "lora", "--lora_target_modules", "q,query"],
@@ -164,6 +168,9 @@ class BadInputTest(parameterized.TestCase):
         _write(f"{f}/unknown_key.yaml", f"- {short}, rate: 1, span: 3}}\n")
         _write(f"{f}/rate_zero.yaml", f"- {short}, rate: 1}}\n- {{name: lm, kind: prefix, noise_density: 0.5, "
                                       "mode_token: '[S2S]', rate: 0}\n")
+        _write(f"{f}/lost_base/adapter/adapter_config.json", json.dumps({
+            "peft_type": "PROMPT_TUNING", "task_type": "SEQ_2_SEQ_LM", "num_virtual_tokens": 5,
+            "num_transformer_submodules": 1, "base_model_name_or_path": f"{f}/nowhere"}))
         _write(f"{f}/not_yaml.yaml", "- {name: short, kind: [span\n")
 
         # Every case at once (tests/cli_batch.py): one Python start instead of one per case.

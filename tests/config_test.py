@@ -138,7 +138,8 @@ class ParseConfigTest(parameterized.TestCase):
         ("evaluate_and_resume", ["--do_train", "false", "--model_name_or_path", "m", "--resume_from_checkpoint",
                                  "auto"], r"^--resume_from_checkpoint continues training; with --do_train false"),
         ("evaluate_a_new_adapter", ["--do_train=false", "--model_name_or_path", "m", "--peft", "lora"],
-         r"^--peft lora trains a new adapter; with --do_train false pass the trained model's merged export"),
+         r"^--peft lora trains a new adapter; with --do_train false pass the trained model's export \(its best/ or "
+         r"final/, which hold the adapter and name its base\) as --model_name_or_path, without --peft$"),
     )
     def test_invalid_values(self, words, message):
         with self.assertRaisesRegex(UsageError, message):
@@ -197,6 +198,11 @@ class FlagsWithoutEffectTest(parameterized.TestCase):
                                          "--mixing_cap", "1000"],
          "--mixing_cap sets how training draws rows from a mixture's tasks, and --do_train false trains nothing "
          "(it evaluates every task on all its rows): drop it"),
+        # An export's adapter is read with its settings (t5_training.adapter_export): there is none to set up.
+        ("adapter_flags_without_training", ["--do_train", "false", "--model_name_or_path", "runs/pt/best",
+                                            "--num_virtual_tokens", "5", "--prompt_init", "random"],
+         "--num_virtual_tokens and --prompt_init set up an adapter to train, and --do_train false trains nothing (an "
+         "adapter is read from --model_name_or_path's export, with its own settings): drop them"),
     )
     def test_fine_tune_refuses(self, words, line):
         with self.assertRaises(UsageError) as raised:

@@ -73,6 +73,25 @@ def tokenizer_dir(vocab_size: int = 1000) -> str:
     return path
 
 
+def tiny_model(seed: int = 0):
+    """A randomly initialised tiny T5 (configs/t5-tiny.json), drawn with `seed`, sized to the fixture tokenizer."""
+    import torch
+
+    from t5_training import modeling
+
+    torch.manual_seed(seed)
+    return modeling.load_model(None, TINY_CONFIG, modeling.load_tokenizer(tokenizer_dir()))
+
+
+def save_tiny_model(folder: str) -> str:
+    """`tiny_model()` and its tokenizer saved in `folder`, as a user's pretrained model is; returns `folder`."""
+    from t5_training import modeling
+
+    tiny_model().save_pretrained(folder)
+    modeling.load_tokenizer(tokenizer_dir()).save_pretrained(folder)
+    return folder
+
+
 def fine_tune_args(output_dir: str, *extra: str) -> list[str]:
     """Flags for a small, fast SST-2 run of fine_tune_t5.py on the tiny model."""
     return [
@@ -109,6 +128,21 @@ class TempDirTestCase(parameterized.TestCase):
         patcher = mock.patch.object(datasets.config, "HF_DATASETS_CACHE", os.path.join(self.dir, "hf_cache"))
         patcher.start()
         self.addCleanup(patcher.stop)
+
+
+class SavedModelTestCase(parameterized.TestCase):
+    """A temp dir for the class (`cls.tmp`) holding the tiny model saved once (`cls.base`), which runs start from."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.mkdtemp()
+        cls.base = save_tiny_model(os.path.join(cls.tmp, "base"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        super().tearDownClass()
 
 
 def tensorboard_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:

@@ -68,6 +68,21 @@ class WarningTest(parameterized.TestCase):
         self.assertNotIn("SST-2", line)
         self.assertIsNone(no_label.zip_warning("out/submission.zip", {"SST-2.tsv": files["SST-2.tsv"]}))
 
+    def test_dev_evaluation_gets_a_line_per_split_with_misses_and_a_loud_one_when_most(self):
+        # A mixture's keys: <task>/<key>, and <task>/<split>/<key> for a task with several eval splits.
+        results = {"score": 40.0, "cola/accuracy": 50.0, "cola/no_label": 0, "cola/no_label_share": 0.0,
+                   "sst2/no_label": 3, "sst2/no_label_share": 3 / 32,
+                   "mnli/validation_matched/no_label": 20, "mnli/validation_matched/no_label_share": 20 / 32}
+        lines = no_label.dev_warnings(results)
+        self.assertEqual(lines[0], "warning: eval_results.json: 3 of 32 dev outputs of sst2 (9.4%) name no label and "
+                                   "are scored as wrong; predictions_*.tsv has the raw outputs")
+        self.assertStartsWith(lines[1], "WARNING: eval_results.json: 20 of 32 dev outputs of mnli/validation_matched "
+                                        "(62.5%) name no label and are scored as wrong: the model has not learned the "
+                                        "label words")
+        self.assertLen(lines, 2)
+        self.assertEqual(no_label.dev_warnings({"no_label": 0, "no_label_share": 0.0, "accuracy": 100.0}), [])
+        self.assertEqual(no_label.dev_warnings({"rougeLsum": 30.0}), [])  # a seq2seq task has no labels to miss
+
 
 if __name__ == "__main__":
     absltest.main()
