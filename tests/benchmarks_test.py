@@ -1,4 +1,4 @@
-"""The benchmark scripts run: each in --quick mode (most as a subprocess), checked through the JSON it writes.
+"""The benchmark scripts run: each in --quick mode (most in the test process), checked through the JSON it writes.
 
 Quick mode checks that a script works, not its speed, so it reads the data the tests make
 (made_data.py, through T5_TRAINING_DATA) rather than the real files, and timings are only required to be
@@ -15,6 +15,7 @@ import subprocess
 import sys
 from unittest import mock
 
+import torch
 from absl.testing import absltest
 
 from t5_training.errors import UsageError
@@ -32,14 +33,43 @@ def _quick_env() -> dict:
     return {**os.environ, **QUICK_ENV, "T5_TRAINING_DATA": made_data.data_root()}
 
 
+def run_in_process(script: str, argv: list[str]) -> tuple[object, str]:
+    """The benchmark's main(argv) in this process, as `python benchmarks/SCRIPT` runs it; (its result, its stdout).
+
+    What the script changes for its runs (variables, torch threads) is undone when it returns. Its
+    own folder goes last on the path, where _harness puts it (peft.py must not hide the peft
+    package), and it is loaded under another name for the same reason. _harness and the benchmarks
+    that copy its data paths are reloaded so that they read the made data (T5_TRAINING_DATA).
+    """
+    if BENCHMARKS not in sys.path:
+        sys.path.append(BENCHMARKS)
+    stdout, threads = io.StringIO(), torch.get_num_threads()
+    try:
+        with mock.patch.dict(os.environ, _quick_env()), contextlib.redirect_stdout(stdout):
+            for name in ("_harness", "pretraining_transfer"):
+                if name in sys.modules:
+                    importlib.reload(sys.modules[name])
+            spec = importlib.util.spec_from_file_location(f"benchmark_{script[:-3]}", os.path.join(BENCHMARKS, script))
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.main(argv), stdout.getvalue()
+    finally:
+        torch.set_num_threads(threads)
+
+
 class BenchmarksTest(fixtures.TempDirTestCase):
 
-    def run_quick(self, script: str, *extra: str) -> dict:
+    def run_quick(self, script: str, *extra: str, subprocess_: bool = False) -> dict:
+        """The script's --quick run, read back from its JSON: in this process (a process start is 8 s
+        of imports), or, for the scripts that measure their own process's memory, as a subprocess."""
         output = os.path.join(self.dir, "results.json")
-        done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), "--quick", "--output", output, *extra],
-                              cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                              env=_quick_env())
-        self.assertEqual(done.returncode, 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        argv = ["--quick", "--output", output, *extra]
+        if subprocess_:
+            done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *argv], cwd=fixtures.REPO,
+                                  capture_output=True, text=True, timeout=600, env=_quick_env())
+            self.assertEqual(done.returncode, 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        else:
+            run_in_process(script, argv)
         with open(output, encoding="utf-8") as f:
             return json.load(f)
 
@@ -66,7 +96,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertIn("aten::mm", [op["op"] for op in profile["top_ops"]])
 
     def test_collator_speed(self):
-        results = self.run_quick("collator_speed.py")
+        results = self.run_quick("collator_speed.py", subprocess_=True)  # and a script start
         self.assertEqual((results["raw_length"], results["input_length"], results["target_length"]), (568, 512, 114))
         self.assertEqual(sorted(results["checks"]), ["per-example", "vectorised"])
         self.assertTrue(all(check.startswith("ok") for check in results["checks"].values()))
@@ -82,7 +112,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertGreater(mixture["ratio"], 0)
 
     def test_memory_estimator(self):
-        results = self.run_quick("memory_estimator.py")
+        results = self.run_quick("memory_estimator.py", subprocess_=True)
         self.assertEqual((results["device"], results["steps"]), ("cpu", 2))
         (row,) = results["rows"]
         self.assertEqual((row["config"], row["batch"], row["lengths"], row["optim"]), ("t5-tiny", 16, "128->8",
@@ -215,26 +245,8 @@ class PretrainingTransferTest(fixtures.TempDirTestCase):
 class PeftBenchmarkTest(fixtures.TempDirTestCase):
     """benchmarks/peft.py at a toy size: methods side by side, paired seeds, reuse of finished runs.
 
-    The script's own process is this one (its runs are still processes of their own): it is
-    imported under another name, since `peft` is the package it measures.
+    The script runs in this process; its runs are still processes of their own.
     """
-
-    def run_benchmark(self, argv: list[str]) -> tuple[dict, str]:
-        """peft.py's main(argv) here, with the quick runs' environment and made data; (results, stdout)."""
-        spec = importlib.util.spec_from_file_location("peft_benchmark", os.path.join(BENCHMARKS, "peft.py"))
-        if BENCHMARKS not in sys.path:
-            sys.path.append(BENCHMARKS)  # last, as _harness puts it: for `import _harness`, hiding no package
-            self.addCleanup(sys.path.remove, BENCHMARKS)
-        benchmark = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(benchmark)
-        import pretraining_transfer  # where the task's data folder is set, once per process
-
-        stdout = io.StringIO()
-        # main() sets threads and offline variables for its runs: gone again when it returns.
-        with mock.patch.dict(os.environ, _quick_env()), contextlib.redirect_stdout(stdout), \
-                mock.patch.dict(pretraining_transfer.TASKS["sst2"], data_dir=os.path.join(made_data.data_root(),
-                                                                                          "SST-2")):
-            return benchmark.main(argv), stdout.getvalue()
 
     def test_methods_are_measured_side_by_side_and_reused(self):
         from t5_training import modeling
@@ -247,7 +259,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         out = os.path.join(self.dir, "out")
         argv = ["--pretrained", base, "--methods", "full", "lora", "--seeds", "0", "1", "--steps", "3",
                 "--labelled", "24", "--threads", "1", "--output_dir", out, "--study_dir", os.path.join(self.dir, "study")]
-        results, stdout = self.run_benchmark(argv)
+        results, stdout = run_in_process("peft.py", argv)
         with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
             self.assertEqual(json.load(f)["table"], results["table"])
         rows = {row["method"]: row for row in results["table"]}
@@ -269,7 +281,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         # Run again: every run is read back, none trains.
         saved = os.path.join(out, "lora-seed1", "benchmark.json")
         before = os.stat(saved).st_mtime_ns
-        again, stdout = self.run_benchmark(argv)
+        again, stdout = run_in_process("peft.py", argv)
         self.assertEqual(again["table"], results["table"])
         self.assertEqual(os.stat(saved).st_mtime_ns, before)
         self.assertNotIn("done in", stdout)
@@ -277,7 +289,7 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         # Other flags over finished runs: refused in one line that names the change; nothing retrained.
         with self.assertRaisesRegex(UsageError, "holds a finished run trained with other flags "
                                                 r"\(--max_steps 3 -> 4\)"):
-            self.run_benchmark(_with(argv, "--steps", "4"))
+            run_in_process("peft.py", _with(argv, "--steps", "4"))
         self.assertEqual(os.stat(saved).st_mtime_ns, before)
 
 
