@@ -203,6 +203,14 @@ class TrainStepResultTest(parameterized.TestCase):
         self.assertEqual(optimizer.optimizer.applied, [])
         self.assertEqual(accelerator.scaler.get_scale(), 512.0)
 
+    def test_a_missing_gradient_norm_counts_as_finite(self):
+        # Older accelerate returns no norm under DeepSpeed, whose engine has already judged the step.
+        optimizer = _RecordingSGD(self.model.parameters())
+        with mock.patch.object(Accelerator, "clip_grad_norm_", return_value=None):
+            loss, = self._run(optimizer)
+        self.assertAlmostEqual(loss.item(), self.token_mean, places=5)
+        self.assertLen(optimizer.applied, 1)
+
     def test_an_infinite_gradient_skips_unfused_adamw_before_it_steps(self):
         # Only fused Adam(W) reads `found_inf`: the unfused one would apply the infinite gradient.
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, fused=False)
