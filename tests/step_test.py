@@ -211,6 +211,18 @@ class TrainStepResultTest(parameterized.TestCase):
         self.assertAlmostEqual(loss.item(), self.token_mean, places=5)
         self.assertLen(optimizer.applied, 1)
 
+    def test_a_fused_adamw_accelerate_did_not_wrap_skips_on_the_device_too(self):
+        accelerator = _accelerator(self.window)
+        model = accelerator.prepare(self.model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        weights = [p.detach().clone() for p in model.parameters()]
+        model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
+        counts = step.window_counts(accelerator, self.window, stop_requested=False)
+        with mock.patch.object(step, "bool", _bool_of_no_tensor, create=True):
+            loss = step.train_step(accelerator, model, optimizer, self.window, counts, 1.0, step=1)
+        self.assertTrue(math.isnan(loss.item()))
+        self.assertTrue(all(torch.equal(w, p) for w, p in zip(weights, model.parameters())))
+
     def test_an_infinite_gradient_skips_unfused_adamw_before_it_steps(self):
         # Only fused Adam(W) reads `found_inf`: the unfused one would apply the infinite gradient.
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, fused=False)
