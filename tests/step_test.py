@@ -222,6 +222,7 @@ class TrainStepResultTest(parameterized.TestCase):
             loss = step.train_step(accelerator, model, optimizer, self.window, counts, 1.0, step=1)
         self.assertTrue(math.isnan(loss.item()))
         self.assertTrue(all(torch.equal(w, p) for w, p in zip(weights, model.parameters())))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))  # freed, not zeroed
 
     def test_an_infinite_gradient_skips_unfused_adamw_before_it_steps(self):
         # Only fused Adam(W) reads `found_inf`: the unfused one would apply the infinite gradient.
