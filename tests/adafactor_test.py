@@ -177,6 +177,12 @@ class UpdateRuleTest(parameterized.TestCase):
                                                 r"0 < decay_exponent <= 1$"):
             T5Adafactor([torch.nn.Parameter(torch.ones(2))], **kwargs)
 
+    def test_the_defaults_are_t5s(self):
+        # Mesh TF's defaults as the module docstring gives them, and T5's pretraining rate 1e-2.
+        self.assertEqual(T5Adafactor([torch.nn.Parameter(torch.ones(2))]).defaults,
+                         {"lr": 1e-2, "eps": (1e-30, 1e-3), "clipping_threshold": 1.0, "decay_exponent": 0.8,
+                          "multiply_by_parameter_scale": True, "min_dim_size_to_factor": 128, "weight_decay": 0.0})
+
     def test_the_edges_of_the_settings_are_accepted(self):
         T5Adafactor([torch.nn.Parameter(torch.ones(2))], lr=1e-9, clipping_threshold=1e-9, decay_exponent=1.0)
 
