@@ -1,6 +1,7 @@
 """Tests for t5_training.metrics against values worked out by hand."""
 
 import math
+from unittest import mock
 import warnings
 
 import numpy as np
@@ -71,6 +72,8 @@ class LabelParsingTest(parameterized.TestCase):
         # float32: 1.9 * 5 = 9.5 -> 10 -> 2.0 (float64 route -> 9 -> 1.8).
         ("float32_label_1_9", np.float32(1.9), "2.0"),
         ("python_float_0_1", 0.1, "0.0"),
+        # A missing score stays visible, written as printf's %f writes it (not %F's "NAN").
+        ("nan", math.nan, "nan"),
     )
     def test_stsb_target(self, score, expected):
         self.assertEqual(metrics.stsb_target(score), expected)
@@ -115,6 +118,23 @@ class ClassificationTest(parameterized.TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.assertEqual(metrics.matthews_corrcoef([1, 1, 1], [1, 1, 1]), 0.0)
+        self.assertEmpty(caught)
+
+    def test_mcc_silences_only_the_single_class_warning(self):
+        # Any other warning sklearn gives (a numerical one, say) must still reach the log.
+        def warning_mcc(*args):
+            warnings.warn("overflow in a sum", RuntimeWarning)
+            return 0.5
+
+        with mock.patch("sklearn.metrics.matthews_corrcoef", warning_mcc):
+            with self.assertWarnsRegex(RuntimeWarning, "overflow in a sum"):
+                self.assertEqual(metrics.matthews_corrcoef([1, 0], [1, 0]), 50.0)
+
+    def test_f1_with_no_positive_anywhere_is_zero_without_warning(self):
+        # Precision and recall are 0/0: sklearn's default value (0.0), minus its warning.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(metrics.f1_with_invalid([0, 0, 0], [0, 0, 0]), 0.0)
         self.assertEmpty(caught)
 
     def test_f1_with_invalid(self):
