@@ -64,51 +64,52 @@ class T5Adafactor(torch.optim.Optimizer):
                     "min_dim_size_to_factor": min_dim_size_to_factor, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
-    @torch.no_grad()
     def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            eps1, eps2 = group["eps"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
-                if not state:
-                    state["step"] = 0
+        # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
+        with torch.no_grad():
+            loss = closure() if closure is not None else None
+            for group in self.param_groups:
+                eps1, eps2 = group["eps"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
+                    if not state:
+                        state["step"] = 0
+                        if dims:
+                            # R keeps the second-largest dimension (the mean over the largest); C the
+                            # largest. Stored with the reduced dimension kept, so they broadcast.
+                            state["row"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True)
+                            state["col"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)
+                        else:
+                            state["second_moment"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["step"] += 1
+                    # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
+                    grad = p.grad.float()
+                    value = p.float()
+                    decay = 1.0 - state["step"] ** -group["decay_exponent"]
+                    # In place wherever possible: the step's peak is one extra copy of the tensor.
+                    grad_sq = grad.square().add_(eps1)
                     if dims:
-                        # R keeps the second-largest dimension (the mean over the largest); C the
-                        # largest. Stored with the reduced dimension kept, so they broadcast.
-                        state["row"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True)
-                        state["col"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)
+                        row, col = state["row"], state["col"]
+                        row.mul_(decay).add_(grad_sq.mean(dim=dims[0], keepdim=True), alpha=1 - decay)
+                        col.mul_(decay).add_(grad_sq.mean(dim=dims[1], keepdim=True), alpha=1 - decay)
+                        del grad_sq
+                        update = (row / row.mean(dim=dims[1], keepdim=True)).rsqrt_() * col.rsqrt()
                     else:
-                        state["second_moment"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
-                grad = p.grad.float()
-                value = p.float()
-                decay = 1.0 - state["step"] ** -group["decay_exponent"]
-                # In place wherever possible: the step's peak is one extra copy of the tensor.
-                grad_sq = grad.square().add_(eps1)
-                if dims:
-                    row, col = state["row"], state["col"]
-                    row.mul_(decay).add_(grad_sq.mean(dim=dims[0], keepdim=True), alpha=1 - decay)
-                    col.mul_(decay).add_(grad_sq.mean(dim=dims[1], keepdim=True), alpha=1 - decay)
-                    del grad_sq
-                    update = (row / row.mean(dim=dims[1], keepdim=True)).rsqrt_() * col.rsqrt()
-                else:
-                    second = state["second_moment"]
-                    second.mul_(decay).add_(grad_sq, alpha=1 - decay)
-                    del grad_sq
-                    update = second.rsqrt()
-                update.mul_(grad)
-                update.div_((_rms(update) / group["clipping_threshold"]).clamp_(min=1.0))
-                scale = group["lr"]
-                if group["multiply_by_parameter_scale"]:
-                    # A tensor, not a float: reading it on the host would stall a GPU per tensor.
-                    scale = _rms(value).clamp_(min=eps2) * group["lr"]
-                if group["weight_decay"]:
-                    value.mul_(1 - group["lr"] * group["weight_decay"])
-                value.sub_(update.mul_(scale))
-                p.copy_(value)
-        return loss
+                        second = state["second_moment"]
+                        second.mul_(decay).add_(grad_sq, alpha=1 - decay)
+                        del grad_sq
+                        update = second.rsqrt()
+                    update.mul_(grad)
+                    update.div_((_rms(update) / group["clipping_threshold"]).clamp_(min=1.0))
+                    scale = group["lr"]
+                    if group["multiply_by_parameter_scale"]:
+                        # A tensor, not a float: reading it on the host would stall a GPU per tensor.
+                        scale = _rms(value).clamp_(min=eps2) * group["lr"]
+                    if group["weight_decay"]:
+                        value.mul_(1 - group["lr"] * group["weight_decay"])
+                    value.sub_(update.mul_(scale))
+                    p.copy_(value)
+            return loss

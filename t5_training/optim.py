@@ -117,32 +117,33 @@ class AdamWScale(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
-    @torch.no_grad()
     def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                bias1 = 1 - beta1 ** state["step"]
-                bias2 = 1 - beta2 ** state["step"]
-                denom = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
-                # Kept on the device: .item() here would stall a GPU once per tensor per step.
-                rms = p.float().pow(2).mean().sqrt().clamp_(min=1e-3).to(p.dtype)
-                if group["weight_decay"]:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(exp_avg / denom * rms, alpha=-group["lr"] / bias1)
-        return loss
+        # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
+        with torch.no_grad():
+            loss = closure() if closure is not None else None
+            for group in self.param_groups:
+                beta1, beta2 = group["betas"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = 0
+                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["step"] += 1
+                    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                    exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                    exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                    bias1 = 1 - beta1 ** state["step"]
+                    bias2 = 1 - beta2 ** state["step"]
+                    denom = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
+                    # Kept on the device: .item() here would stall a GPU once per tensor per step.
+                    rms = p.float().pow(2).mean().sqrt().clamp_(min=1e-3).to(p.dtype)
+                    if group["weight_decay"]:
+                        p.mul_(1 - group["lr"] * group["weight_decay"])
+                    p.add_(exp_avg / denom * rms, alpha=-group["lr"] / bias1)
+            return loss
 
 
 def warmup_steps(config: TrainingConfig, total_steps: int) -> int:

@@ -79,15 +79,56 @@ class UpdateRuleTest(parameterized.TestCase):
                                                                                          [4.0, 5.0, 6.0]])
         self.assertGreater((params[0] - params[1]).abs().max().item(), 1e-3)
 
-    def test_update_rms_is_clipped_at_one(self):
-        # Factored with one huge gradient: u's RMS exceeds 1, so the step is lr * RMS(x) * u / RMS(u).
+    @parameterized.named_parameters(("at_one", {}, 0.1), ("at_a_half", {"clipping_threshold": 0.5}, 0.05))
+    def test_update_rms_is_clipped_at_the_threshold(self, kwargs, step_rms):
+        # Factored with one huge gradient: u's RMS exceeds the threshold d, so the step is
+        # lr * RMS(x) * u * d / RMS(u), whose RMS is lr * d (RMS(x) = 1).
         param = torch.nn.Parameter(torch.ones(2, 2))
-        optimizer = T5Adafactor([param], lr=0.1, min_dim_size_to_factor=2)
+        optimizer = T5Adafactor([param], lr=0.1, min_dim_size_to_factor=2, **kwargs)
         param.grad = torch.tensor([[100.0, 0.0], [0.0, 1.0]])
         before = param.detach().clone()
         optimizer.step()
         delta = before - param.detach()
-        self.assertAlmostEqual(delta.pow(2).mean().sqrt().item(), 0.1, places=6)
+        self.assertAlmostEqual(delta.pow(2).mean().sqrt().item(), step_rms, places=6)
+
+    def test_three_dims_factor_over_the_two_largest(self):
+        # A 2 x 3 x 4 tensor factored over its last two dimensions (4 largest, then 3), at the
+        # first step (V = g^2): R[i][j] = mean_k g^2, C[i][k] = mean_j g^2, and
+        # u = g / sqrt(R[i][j] C[i][k] / mean_j R[i][j]), Mesh TF's rule per leading index i.
+        g = [[[(i + 1) * (j - 1.5) + k * k / 4 for k in range(4)] for j in range(3)] for i in range(2)]
+        sq = [[[v * v + 1e-30 for v in row] for row in plane] for plane in g]
+        r = [[sum(row) / 4 for row in plane] for plane in sq]
+        c = [[sum(plane[j][k] for j in range(3)) / 3 for k in range(4)] for plane in sq]
+        mean_r = [sum(row) / 3 for row in r]
+        u = [[[g[i][j][k] / math.sqrt(r[i][j] * c[i][k] / mean_r[i]) for k in range(4)] for j in range(3)]
+             for i in range(2)]
+        flat_u = [v for plane in u for row in plane for v in row]
+        clip = max(1.0, _rms(flat_u))
+        param = torch.nn.Parameter(torch.ones(2, 3, 4))  # RMS(x) = 1: the step is lr * u / clip
+        optimizer = T5Adafactor([param], lr=0.1, min_dim_size_to_factor=3)
+        param.grad = torch.tensor(g)
+        optimizer.step()
+        expected = torch.tensor([[[1 - 0.1 * v / clip for v in row] for row in plane] for plane in u])
+        torch.testing.assert_close(param.detach(), expected, atol=1e-6, rtol=0)
+        self.assertEqual(optimizer.state[param]["row"].shape, (2, 3, 1))
+        self.assertEqual(optimizer.state[param]["col"].shape, (2, 1, 4))
+
+    def test_a_parameter_without_a_gradient_is_left_alone_and_the_rest_step(self):
+        frozen, trained = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+        optimizer = T5Adafactor([frozen, trained], lr=0.1)
+        trained.grad = torch.tensor([1.0, 2.0])
+        optimizer.step()
+        torch.testing.assert_close(frozen.detach(), torch.ones(2), atol=0, rtol=0)
+        self.assertNotIn(frozen, optimizer.state)
+        torch.testing.assert_close(trained.detach(), torch.tensor([2.646447, 3.646447]), atol=1e-6, rtol=0)
+
+    def test_step_returns_the_closures_loss(self):
+        param = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+        optimizer = T5Adafactor([param], lr=0.1)
+        param.grad = torch.tensor([1.0, 2.0])
+        self.assertIsNone(optimizer.step())
+        self.assertEqual(optimizer.step(closure=lambda: 2.5), 2.5)
+        self.assertEqual(optimizer.state[param]["step"], 2)
 
     def test_zero_initialised_tensor_moves_by_lr_times_eps2(self):
         param = torch.nn.Parameter(torch.zeros(3))
@@ -119,6 +160,31 @@ class UpdateRuleTest(parameterized.TestCase):
         self.assertEqual(param.dtype, torch.bfloat16)
         self.assertEqual(optimizer.state[param]["second_moment"].dtype, torch.float32)
         torch.testing.assert_close(param.detach().float(), torch.tensor([2.646447, 3.646447]), atol=2e-2, rtol=0)
+
+    def test_bf16_weights_keep_factored_moments_in_fp32(self):
+        param = torch.nn.Parameter(torch.ones(2, 3, dtype=torch.bfloat16))
+        optimizer = T5Adafactor([param], lr=0.1, min_dim_size_to_factor=2)
+        param.grad = torch.ones(2, 3, dtype=torch.bfloat16)
+        optimizer.step()
+        self.assertEqual([optimizer.state[param][k].dtype for k in ("row", "col")], [torch.float32] * 2)
+
+    @parameterized.named_parameters(
+        ("zero_lr", {"lr": 0.0}), ("negative_lr", {"lr": -1e-3}), ("zero_clipping", {"clipping_threshold": 0.0}),
+        ("negative_clipping", {"clipping_threshold": -1.0}), ("zero_decay_exponent", {"decay_exponent": 0.0}),
+        ("decay_exponent_above_one", {"decay_exponent": 1.01}))
+    def test_bad_settings_are_refused(self, kwargs):
+        with self.assertRaisesRegex(ValueError, r"^T5Adafactor needs lr > 0, clipping_threshold > 0 and "
+                                                r"0 < decay_exponent <= 1$"):
+            T5Adafactor([torch.nn.Parameter(torch.ones(2))], **kwargs)
+
+    def test_the_defaults_are_t5s(self):
+        # Mesh TF's defaults as the module docstring gives them, and T5's pretraining rate 1e-2.
+        self.assertEqual(T5Adafactor([torch.nn.Parameter(torch.ones(2))]).defaults,
+                         {"lr": 1e-2, "eps": (1e-30, 1e-3), "clipping_threshold": 1.0, "decay_exponent": 0.8,
+                          "multiply_by_parameter_scale": True, "min_dim_size_to_factor": 128, "weight_decay": 0.0})
+
+    def test_the_edges_of_the_settings_are_accepted(self):
+        T5Adafactor([torch.nn.Parameter(torch.ones(2))], lr=1e-9, clipping_threshold=1e-9, decay_exponent=1.0)
 
 
 class FactoredDimsTest(parameterized.TestCase):

@@ -1,12 +1,13 @@
 """Tests for t5_training.metrics against values worked out by hand."""
 
 import math
+from unittest import mock
 import warnings
 
 import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
-from rouge_score import rouge_scorer
+from rouge_score import rouge_scorer, scoring
 
 from t5_training import metrics
 
@@ -28,6 +29,10 @@ class LabelParsingTest(parameterized.TestCase):
     def test_label_to_id(self, text, expected):
         self.assertEqual(metrics.label_to_id(text, ("entailment", "not_entailment")),
                          expected)
+
+    def test_a_repeated_label_word_is_the_first_class(self):
+        # As T5's list.index: a word listed twice names its first class, never the later one.
+        self.assertEqual(metrics.label_to_id("yes", ("yes", "no", "yes")), 0)
 
     @parameterized.named_parameters(
         ("plain", "3.8", -1.0, 3.8),
@@ -67,6 +72,8 @@ class LabelParsingTest(parameterized.TestCase):
         # float32: 1.9 * 5 = 9.5 -> 10 -> 2.0 (float64 route -> 9 -> 1.8).
         ("float32_label_1_9", np.float32(1.9), "2.0"),
         ("python_float_0_1", 0.1, "0.0"),
+        # A missing score stays visible, written as printf's %f writes it (not %F's "NAN").
+        ("nan", math.nan, "nan"),
     )
     def test_stsb_target(self, score, expected):
         self.assertEqual(metrics.stsb_target(score), expected)
@@ -111,6 +118,23 @@ class ClassificationTest(parameterized.TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.assertEqual(metrics.matthews_corrcoef([1, 1, 1], [1, 1, 1]), 0.0)
+        self.assertEmpty(caught)
+
+    def test_mcc_silences_only_the_single_class_warning(self):
+        # Any other warning sklearn gives (a numerical one, say) must still reach the log.
+        def warning_mcc(*args):
+            warnings.warn("overflow in a sum", RuntimeWarning)
+            return 0.5
+
+        with mock.patch("sklearn.metrics.matthews_corrcoef", warning_mcc):
+            with self.assertWarnsRegex(RuntimeWarning, "overflow in a sum"):
+                self.assertEqual(metrics.matthews_corrcoef([1, 0], [1, 0]), 50.0)
+
+    def test_f1_with_no_positive_anywhere_is_zero_without_warning(self):
+        # Precision and recall are 0/0: sklearn's default value (0.0), minus its warning.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(metrics.f1_with_invalid([0, 0, 0], [0, 0, 0]), 0.0)
         self.assertEmpty(caught)
 
     def test_f1_with_invalid(self):
@@ -173,6 +197,14 @@ class CorrelationTest(parameterized.TestCase):
         self.assertAlmostEqual(metrics.spearman_corrcoef(preds, refs), expected)
         self.assertGreater(abs(metrics.pearson_corrcoef(preds, refs) - expected), 1.0)
 
+    @parameterized.named_parameters(("pearson", "pearson_corrcoef"), ("spearman", "spearman_corrcoef"))
+    def test_booleans_correlate_as_zeros_and_ones(self, name):
+        # Read as floats: numpy cannot take the range (np.ptp) of a boolean array.
+        as_numbers = metrics.METRICS[name]([1, 0, 1, 1], [1, 0, 0, 1])
+        self.assertAlmostEqual(metrics.METRICS[name]([True, False, True, True], [True, False, False, True]),
+                               as_numbers)
+        self.assertGreater(as_numbers, 0.0)
+
     @parameterized.named_parameters(
         ("pearson_constant_predictions", "pearson_corrcoef", [2.0, 2.0, 2.0], [1, 2, 3]),
         ("spearman_constant_predictions", "spearman_corrcoef", [2.0, 2.0, 2.0], [1, 2, 3]),
@@ -206,6 +238,25 @@ class Seq2SeqTest(absltest.TestCase):
         self.assertAlmostEqual(metrics.bleu(["a b c d"], ["a b d c"]),
                                100 * (1 / 48) ** 0.25)
 
+    def test_bleu_is_case_sensitive(self):
+        # "The" matches nothing: n-gram precisions 5/6, 4/5, 3/4, 2/3, so BLEU = (1/3) ** 0.25.
+        self.assertAlmostEqual(metrics.bleu(["The cat sat on the mat"], ["the cat sat on the mat"]),
+                               100 * (1 / 3) ** 0.25)
+
+    def test_bleu_tokenizes_unicode_punctuation_as_t5(self):
+        # sacrebleu's "intl" tokenizer splits the guillemets off; its default ("13a") does not.
+        self.assertAlmostEqual(metrics.bleu(["«hello» to the world"], ["« hello » to the world"]), 100.0)
+
+    def test_bleu_of_a_prediction_shorter_than_four_tokens_is_zero(self):
+        # No 3- or 4-grams and no effective order (T5's corpus BLEU): an exact two-word match scores 0.
+        self.assertEqual(metrics.bleu(["a b"], ["a b"]), 0.0)
+
+    def test_bleu_warns_about_tokenized_predictions(self):
+        # sacrebleu's warning that the data looks tokenized is kept (it is not forced off).
+        with self.assertLogs("sacrebleu", "WARNING") as logs:
+            metrics.bleu(["a b ."] * 100, ["a b ."] * 100)
+        self.assertTrue(any("detokenize" in line for line in logs.output))
+
     def test_bleu_no_match_is_zero(self):
         self.assertEqual(metrics.bleu(["w x y z", "q r s t"], ["a b c d", "e f g h"]),
                          0.0)
@@ -218,6 +269,18 @@ class Seq2SeqTest(absltest.TestCase):
         self.assertEqual(list(score), ["rouge1", "rouge2", "rougeLsum"])
         for key, expected in zip(score, (5 / 6, 3 / 5, 5 / 6)):
             self.assertAlmostEqual(score[key], 100 * expected, places=9, msg=key)
+
+    def test_rouge_bootstraps_from_seed_zero(self):
+        # Seven examples of different rouge1: the median resampled mean depends on the draws (seed 1
+        # gives 53.78 here), so every run and version of this code must draw seed 0's.
+        predictions, references = ["a b c d", "a b c x", "a b x y", "a x y z", "w x y z", "a b c", "a"], ["a b c d"] * 7
+        scorer, aggregator = rouge_scorer.RougeScorer(["rouge1"]), scoring.BootstrapAggregator()
+        for prediction, reference in zip(predictions, references):
+            aggregator.add_scores(scorer.score(reference, prediction))
+        np.random.seed(0)
+        expected = aggregator.aggregate()["rouge1"].mid.fmeasure
+        self.assertAlmostEqual(expected, 0.536735, places=6)
+        self.assertAlmostEqual(metrics.rouge(predictions, references)["rouge1"], 100 * expected, places=9)
 
     def test_rouge_lsum_takes_the_lcs_per_sentence(self):
         # " . " ends a sentence (T5's _prepare_summary). Each reference sentence finds itself among
@@ -281,11 +344,11 @@ class ComputeMetricsTest(parameterized.TestCase):
     @parameterized.named_parameters(
         *[(name, name) for name in sorted(metrics.METRICS)])
     def test_empty_input_raises(self, name):
-        with self.assertRaisesRegex(ValueError, "empty"):
+        with self.assertRaisesRegex(ValueError, "^cannot compute a metric on empty predictions/references$"):
             metrics.METRICS[name]([], [])
 
     def test_length_mismatch_raises(self):
-        with self.assertRaisesRegex(ValueError, "2 predictions but 3 references"):
+        with self.assertRaisesRegex(ValueError, "^got 2 predictions but 3 references$"):
             metrics.accuracy([1, 0], [1, 0, 1])
 
 

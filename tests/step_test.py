@@ -4,6 +4,7 @@ AdamW and Adafactor are invariant to a constant gradient scale, and clipping at 
 too, so a lost factor in the step's scale would not show in a training run's losses. These tests
 read the gradient the optimizer is handed and compare it with one computed by plain autograd.
 """
+import contextlib
 import copy
 import math
 import types
@@ -70,14 +71,19 @@ class TrainStepGradientTest(parameterized.TestCase):
         self.expected_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
                                                                    for g in self.expected])).item()
 
-    def _applied_gradient(self, max_grad_norm):
+    def _applied_gradient(self, max_grad_norm, processes=1):
         """The gradient train_step hands the optimizer for the window, accumulated over its 3 micro-batches."""
         accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=len(self.window), sync_with_dataloader=False, adjust_scheduler=False))
         model, optimizer = accelerator.prepare(self.model, _RecordingSGD(self.model.parameters()))
-        counts = step.window_counts(accelerator, self.window, stop_requested=False)
+        # On a GPU the accelerator's device is not torch's default one: made a device that cannot
+        # compute (meta), the default must be where no tensor of the step is made.
+        with torch.device("meta"):
+            counts = step.window_counts(accelerator, self.window, stop_requested=False)
+            with mock.patch.object(Accelerator, "num_processes", new_callable=mock.PropertyMock,
+                                   return_value=processes):
+                loss = step.train_step(accelerator, model, optimizer, self.window, counts, max_grad_norm, step=1)
         self.assertEqual(counts.tolist()[:2], [17.0, 6.0])  # target tokens, samples
-        loss = step.train_step(accelerator, model, optimizer, self.window, counts, max_grad_norm, step=1)
         self.assertTrue(torch.isfinite(loss))
         self.assertLen(optimizer.optimizer.applied, 1)  # one optimizer step for the whole window
         return optimizer.optimizer.applied[0]
@@ -96,6 +102,13 @@ class TrainStepGradientTest(parameterized.TestCase):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
         self.assertAlmostEqual(self._norm(applied), self.expected_norm, delta=1e-4 * self.expected_norm)
 
+    def test_the_scale_undoes_ddp_averaging_over_processes(self):
+        # DDP averages the gradients of N processes, so each process scales its loss by N. Told of
+        # 2 processes but averaged by none here, the applied gradient is exactly twice the reference.
+        applied = self._applied_gradient(0.0, processes=2)
+        for got, want in zip(applied, self.expected, strict=True):
+            torch.testing.assert_close(got, 2 * want, rtol=1e-4, atol=1e-7)
+
     def test_gradient_above_max_grad_norm_is_clipped_to_it(self):
         # Clipped to half its norm: the same direction, every element halved, norm exactly the limit.
         limit = self.expected_norm / 2
@@ -103,6 +116,12 @@ class TrainStepGradientTest(parameterized.TestCase):
         self.assertAlmostEqual(self._norm(applied), limit, delta=1e-4 * limit)
         for got, want in zip(applied, self.expected, strict=True):
             torch.testing.assert_close(got, want / 2, rtol=1e-4, atol=1e-7)
+
+
+def _bool_of_no_tensor(value):
+    if isinstance(value, torch.Tensor):
+        raise AssertionError("the step read a tensor's value on the host")
+    return bool(value)
 
 
 def _accelerator(window):
@@ -121,17 +140,25 @@ class TrainStepResultTest(parameterized.TestCase):
         with torch.no_grad():
             self.token_mean = (sum(losses.forward_loss_sum(self.model, b) for b in self.window) / 17).item()
 
-    def _run(self, optimizer, poison=None, steps=1):
-        """train_step `steps` times on the window; `poison` makes one weight's gradient infinite in the first."""
+    def _run(self, optimizer, poison=None, steps=1, host_reads=True):
+        """train_step `steps` times on the window; `poison` makes one weight's gradient infinite in the first.
+
+        With host_reads False, the step's turning a tensor into a Python bool (a GPU sync) fails it.
+        """
         accelerator = _accelerator(self.window)
         model, optimizer = accelerator.prepare(self.model, optimizer)
         counts = step.window_counts(accelerator, self.window, stop_requested=False)
         hook = poison and model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
         results = []
         for n in range(1, steps + 1):
-            with mock.patch.object(step, "kill_point") as kill_point:
+            with (mock.patch.object(step, "kill_point") as kill_point,
+                  mock.patch.object(accelerator, "no_sync", wraps=accelerator.no_sync) as no_sync,
+                  mock.patch.object(step, "bool", _bool_of_no_tensor, create=True)
+                  if not host_reads else contextlib.nullcontext()):
                 results.append(step.train_step(accelerator, model, optimizer, self.window, counts, 1.0, step=n))
             self.assertEqual(kill_point.call_args_list, [mock.call("micro", n, m) for m in (1, 2, 3)])
+            # Under DDP the model's no_sync keeps the first two micro-batches from all-reducing.
+            self.assertEqual(no_sync.call_args_list, [mock.call(model)] * 2)
             if hook:
                 hook.remove()
                 hook = None
@@ -162,10 +189,56 @@ class TrainStepResultTest(parameterized.TestCase):
         for before, after in zip(weights, self.model.parameters()):
             self.assertTrue(torch.equal(before, after))
 
+    def test_under_fp16_an_infinite_gradient_is_left_to_the_grad_scaler(self):
+        # accelerate's GradScaler must see the overflowing step to lower its scale, and skips it itself.
+        # The GradScaler accelerate makes for fp16 on a GPU (the process's accelerator state, set
+        # by the first test, stays fp32: the scaler unscales the gradients in its own step).
+        accelerator = _accelerator(self.window)
+        accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        model, optimizer = accelerator.prepare(self.model, _RecordingSGD(self.model.parameters()))
+        model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
+        counts = step.window_counts(accelerator, self.window, stop_requested=False)
+        loss = step.train_step(accelerator, model, optimizer, self.window, counts, 1.0, step=1)
+        self.assertAlmostEqual(loss.item(), self.token_mean, places=5)  # finite: the scaler's to skip
+        self.assertEqual(optimizer.optimizer.applied, [])
+        self.assertEqual(accelerator.scaler.get_scale(), 512.0)
+
+    def test_a_missing_gradient_norm_counts_as_finite(self):
+        # Older accelerate returns no norm under DeepSpeed, whose engine has already judged the step.
+        optimizer = _RecordingSGD(self.model.parameters())
+        with mock.patch.object(Accelerator, "clip_grad_norm_", return_value=None):
+            loss, = self._run(optimizer)
+        self.assertAlmostEqual(loss.item(), self.token_mean, places=5)
+        self.assertLen(optimizer.applied, 1)
+
+    def test_a_fused_adamw_accelerate_did_not_wrap_skips_on_the_device_too(self):
+        accelerator = _accelerator(self.window)
+        model = accelerator.prepare(self.model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        weights = [p.detach().clone() for p in model.parameters()]
+        model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
+        counts = step.window_counts(accelerator, self.window, stop_requested=False)
+        with mock.patch.object(step, "bool", _bool_of_no_tensor, create=True):
+            loss = step.train_step(accelerator, model, optimizer, self.window, counts, 1.0, step=1)
+        self.assertTrue(math.isnan(loss.item()))
+        self.assertTrue(all(torch.equal(w, p) for w, p in zip(weights, model.parameters())))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))  # freed, not zeroed
+
+    def test_an_infinite_gradient_skips_unfused_adamw_before_it_steps(self):
+        # Only fused Adam(W) reads `found_inf`: the unfused one would apply the infinite gradient.
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, fused=False)
+        weights = [p.detach().clone() for p in self.model.parameters()]
+        loss, = self._run(optimizer, poison=True)
+        self.assertTrue(math.isnan(loss.item()))
+        self.assertEmpty(optimizer.state)  # never stepped
+        for before, after in zip(weights, self.model.parameters()):
+            self.assertTrue(torch.equal(before, after))
+
     def test_fused_adamw_skips_on_the_device_and_steps_again_after(self):
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, fused=True)
         weights = [p.detach().clone() for p in self.model.parameters()]
-        skipped, applied = self._run(optimizer, poison=True, steps=2)
+        # The verdict never leaves the device: no step waits for the host.
+        skipped, applied = self._run(optimizer, poison=True, steps=2, host_reads=False)
         self.assertTrue(math.isnan(skipped.item()))
         self.assertAlmostEqual(applied.item(), self.token_mean, places=5)  # the weights were not moved
         # Only the second step counted: the first left weights, moments and step count as they were.

@@ -2,6 +2,7 @@
 
     python tools/mutation.py t5_training/step.py t5_training/losses.py    # tests/step_test.py, tests/losses_test.py
     python tools/mutation.py --tests tests/x_test.py t5_training/x.py
+    python tools/mutation.py --not-killed t5_training/step.py t5_training/losses.py   # after new tests or pragmas
 
 Mutates the files given (each must be in only_mutate) and runs only their tests: tests/NAME_test.py
 for each NAME.py that has one, or the files named with --tests. mutmut 3.8 takes the test
@@ -10,6 +11,11 @@ processes mutmut starts are forked from this one and inherit it. Prints each fil
 end; `mutmut show MUTANT` shows one mutant's diff. mutants/ keeps the other modules' copies, so
 switching modules regenerates nothing; the results of a module are reset when another one runs
 (a new test selection invalidates them).
+
+--not-killed reruns, of the same module's last run, only the mutants that did not die and those of
+functions changed since (mutmut regenerates a changed function's mutants with no result): a
+mutant killed before stays killed when tests are only added. The counts printed are the whole
+file's.
 """
 import argparse
 import collections
@@ -23,6 +29,8 @@ def main() -> None:
     parser.add_argument("files", nargs="+", help="modules to mutate, as paths from the repository root")
     parser.add_argument("--tests", nargs="+", help="test files to run (default: tests/NAME_test.py of each NAME.py)")
     parser.add_argument("--max-children", default="1", help="mutants tested at once (default 1)")
+    parser.add_argument("--not-killed", action="store_true",
+                        help="rerun only the mutants the module's last run did not kill, and changed functions'")
     args = parser.parse_args()
     os.chdir(Path(__file__).resolve().parent.parent)  # mutmut reads pyproject.toml and writes mutants/ here
 
@@ -38,12 +46,36 @@ def main() -> None:
     # A mutant's name is its module's dotted path, then the function: t5_training.step.x_train_step__mutmut_3.
     patterns = [f"{f.removesuffix('.py').replace('/', '.')}.*" for f in args.files]
     print(f"mutating {args.files} against {tests}", flush=True)
+    if args.not_killed:
+        patterns = _not_killed(args.files)
+        print(f"rerunning {len(patterns)} mutants that were not killed or are new", flush=True)
+        if not patterns:
+            _summary(args.files)
+            return
 
     from mutmut.__main__ import cli
     try:
         cli.main(["run", "--max-children", args.max_children, *patterns], standalone_mode=False)
     finally:
         _summary(args.files)
+
+
+def _not_killed(files: list[str]) -> list[str]:
+    """The names of the files' mutants with no result or one other than killed, after regenerating changed files."""
+    from mutmut.__main__ import create_mutants
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.stats import status_by_exit_code
+    from mutmut.utils.file_utils import copy_src_dir
+
+    copy_src_dir()
+    create_mutants(1)  # rewrites only files changed since their mutants were made
+    names = []
+    for path in files:
+        data = SourceFileMutationData(path=Path(path))
+        data.load()
+        names += [name for name, code in data.exit_code_by_key.items()
+                  if code is None or status_by_exit_code[code] != "killed"]
+    return names
 
 
 def _summary(files: list[str]) -> None:
