@@ -16,7 +16,9 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import signal
 import sys
+import time
 from typing import Callable, Sequence
 
 EXIT_USAGE = 2
@@ -86,10 +88,13 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
         return EXIT_USAGE
     except CliError as err:
         # Under `accelerate launch` every process hits the same error: print it once.
-        if os.environ.get("RANK", "0") == "0":
+        main_process = os.environ.get("RANK", "0") == "0"
+        if main_process:
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
         if err.raised_by_every_process:
             _close_process_group()
+        elif not main_process and _process_group() is None:
+            _wait_for_the_launcher()
         return err.exit_code
     finally:
         _skip_the_last_collection()
@@ -108,6 +113,13 @@ def _skip_the_last_collection() -> None:
     gc.freeze()
 
 
+def _process_group():
+    """torch.distributed where this process is in a process group, else None (never imported here to find out)."""
+    distributed = sys.modules.get("torch.distributed")
+    return distributed if distributed is not None and distributed.is_available() and distributed.is_initialized() \
+        else None
+
+
 def _close_process_group() -> None:
     """Closes the process group that a run stopped by an error left open (end_training closes it otherwise).
 
@@ -116,9 +128,25 @@ def _close_process_group() -> None:
     process raised the error at the same point: closing while another process still waits in
     a collective can hang.
     """
-    distributed = sys.modules.get("torch.distributed")  # never imported here just to find nothing
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+    distributed = _process_group()
+    if distributed is not None:
         # Leave together: a launcher that sees one process exit terminates the others, which would
         # then report SIGTERM instead of their own exit code.
         distributed.barrier()
         distributed.destroy_process_group()
+
+
+def _wait_for_the_launcher(seconds: float = 60.0) -> None:
+    """Lets the main process, which prints the error, be the one whose exit ends the launch.
+
+    An error met before the process group exists (a bad flag, which every process meets) has no
+    barrier to leave at: the launcher (torch elastic) stops every process as soon as one exits,
+    so another process that got there first would cut the main process off before its one line
+    (seen under load). This one waits instead; the launcher's SIGTERM ends the wait once the
+    main process has left (its default action restored, whatever handler the run installed).
+    Alone, it does not wait.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(seconds)

@@ -2,13 +2,18 @@
 import contextlib
 import gc
 import io
+import os
+import signal
 import socket
+import subprocess
+import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import torch.distributed as dist
 
 from t5_training.errors import DivergedError, Preempted, UsageError, run_cli
+from tests import fixtures
 
 
 def _free_port() -> int:
@@ -55,6 +60,34 @@ class RunCliTest(parameterized.TestCase):
         with contextlib.redirect_stderr(io.StringIO()):
             run_cli(main, [])
         self.assertGreater(gc.get_freeze_count(), 0)
+
+
+class AnotherProcessLeavesAfterTheMainTest(absltest.TestCase):
+    """A bad flag on every process of a launch: the main process prints it, and its exit ends the launch."""
+
+    # Process 1 of 2 meets the error before any process group exists (as a bad flag is).
+    CODE = ("import sys; from t5_training.errors import UsageError, run_cli\n"
+            "def main(argv): raise UsageError('--learning_rate must be positive')\n"
+            "sys.exit(run_cli(main, []))")
+
+    def _start(self, **env):
+        return subprocess.Popen([sys.executable, "-c", self.CODE], cwd=fixtures.REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+
+    def test_it_waits_silently_until_the_launcher_stops_it(self):
+        worker = self._start(RANK="1", WORLD_SIZE="2")
+        # Still there after the main process would long have printed and left...
+        with self.assertRaises(subprocess.TimeoutExpired):
+            worker.wait(timeout=3)
+        # ...until the launcher's SIGTERM, which ends it at once.
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=10)
+        self.assertEqual((worker.returncode, out, err), (-signal.SIGTERM, "", ""))
+
+    def test_alone_it_leaves_at_once_with_the_usage_code(self):
+        worker = self._start(RANK="1", WORLD_SIZE="1")
+        out, err = worker.communicate(timeout=30)
+        self.assertEqual((worker.returncode, out, err), (2, "", ""))
 
 
 if __name__ == "__main__":
