@@ -85,19 +85,26 @@ def run_child(script: str, job: dict, work_dir: str | None = None, env: dict | N
         json.dump(job, f)
     log_path = os.path.join(folder, f"{name}.log")
     started = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        done = subprocess.run([sys.executable, os.path.abspath(script), "--child", job_path], cwd=REPO,
-                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    if done.returncode != 0:
+    returncode = start_child([os.path.abspath(script), "--child", job_path], log_path, {**os.environ, **(env or {})})
+    if returncode != 0:
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-3000:]
-        raise SystemExit(f"{name} failed (exit {done.returncode}); end of {log_path}:\n{tail}")
+        raise SystemExit(f"{name} failed (exit {returncode}); end of {log_path}:\n{tail}")
     with open(job["result"], encoding="utf-8") as f:
         result = json.load(f)
     if work_dir is None:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"  {name}: done in {time.perf_counter() - started:.0f} s (process included)", flush=True)
     return result
+
+
+def start_child(argv: list[str], log_path: str, env: dict) -> int:
+    """`python ARGV...` in the repository root with `env`, its output (stdout and stderr) to `log_path`;
+    returns its exit code. The suite's quick runs replace it with a process forked after the imports
+    (tests/cli_batch.py), as they check results, not timings, and a start is 8 s of imports."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        return subprocess.run([sys.executable, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              env=env).returncode
 
 
 def child_main(job_path: str, measure) -> None:

@@ -12,8 +12,10 @@ Two kinds of command line:
     run([("fine_tune_t5", ["--learning_rte", "1"]), ...])   # a script's exact entry: run_cli(main, argv)
     run_python([["-m", "t5_training.sweep", "--help"], ["-c", "print(1)"]], preload=["torch"])
         # what `python -m ...` / `python -c ...` would do, after importing `preload` in the parent
+    fork_script([script, *args], log_path, env)
+        # `python SCRIPT ARGS`, forked from the calling process itself (the benchmarks' quick runs)
 
-Both return [{"returncode", "stdout", "stderr", "cpu_seconds"}], in order (the last, the child's CPU
+The first two return [{"returncode", "stdout", "stderr", "cpu_seconds"}], in order (the last, the child's CPU
 time, shows which cases a batch spends its time on). The first imports the scripts in the
 parent; `python -m X` in a child runs X fresh as __main__, so the parent preloads only libraries,
 never X itself (runpy would warn about a module imported twice).
@@ -88,8 +90,34 @@ def _python_entry(argv: list[str]):
     return entry
 
 
+def fork_script(argv: list[str], log_path: str, env: dict, cwd: str = REPO) -> int:
+    """`python SCRIPT ARGS...` (argv: [SCRIPT, ARGS...]) in a process forked from this one, in `cwd`
+    with `env`, its stdout and stderr both to `log_path`; returns its exit code.
+
+    For a test process that has already imported what the script imports: the child skips those
+    seconds. Unlike `run`, it forks the calling process itself, so call it from one thread.
+    """
+    script = os.path.abspath(argv[0])
+
+    def entry() -> int:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [script, *argv[1:]]
+        folder = os.path.dirname(script)
+        sys.path[0] = folder  # as `python SCRIPT` puts the script's folder first
+        # Modules of the script's own folder run afresh, as in a new process (they may set up the path).
+        for name, module in list(sys.modules.items()):
+            if os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or "/")) == folder:
+                del sys.modules[name]
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    return _run_one(entry, log_path, log_path)[0]
+
+
 def _run_one(entry, out_path: str, err_path: str) -> tuple[int, float]:
-    """Forks; the child runs `entry` with stdout/stderr sent to files. Returns its exit code and CPU seconds."""
+    """Forks; the child runs `entry` with stdout/stderr sent to files (one file where the paths are
+    equal). Returns its exit code and CPU seconds."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -97,9 +125,16 @@ def _run_one(entry, out_path: str, err_path: str) -> tuple[int, float]:
         code = 1
         try:
             for fd, path in ((1, out_path), (2, err_path)):
+                if fd == 2 and path == out_path:
+                    os.dup2(1, 2)
+                    continue
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(target, fd)
                 os.close(target)
+            # The caller may have replaced sys.stdout/stderr (pytest's capture, redirect_stdout):
+            # the child's Python-level output goes to its own descriptors too.
+            sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)
             code = entry()
         except SystemExit as exit_:
             # As the interpreter exits: None is 0, a number is the code, anything else is printed and 1.
