@@ -168,7 +168,7 @@ class RowRandomness:
 
     With "idx" on every example, a row's key is a pure function of (seed, its idx): a resumed run
     re-creates exactly the masks an uninterrupted run saw, whichever micro-batch, data-loader worker
-    or process the row lands in, and two rows never share draws because no two share an idx.
+    or process the row lands in, and rows with other idx values draw independently of it.
 
     Without "idx", the keys come from a stream per (process rank, worker), the best we can do. It
     is created on first use inside the worker, never in __init__: the collator is built before
