@@ -275,6 +275,35 @@ class DataCollatorT5Test(parameterized.TestCase):
         other_seed = self.collator(128, seed=4)(examples)
         self.assertFalse(torch.equal(first["input_ids"], other_seed["input_ids"]))
 
+    def test_row_keys_and_their_draws(self):
+        keys = dc.row_keys(3, np.arange(50_000))
+        self.assertLen(np.unique(keys), 50_000)
+        self.assertTrue(np.all(keys != dc.row_keys(4, np.arange(50_000))))
+        np.testing.assert_array_equal(dc.row_keys(3, [7, 2]), keys[[7, 2]])
+        # Draws: uniform in [0, 1), the same for the same (key, counter), apart for other counters and streams.
+        u = dc.uniforms(keys, 0)
+        self.assertTrue(np.all((u >= 0) & (u < 1)))
+        counts = np.bincount((u * 10).astype(int), minlength=10)
+        self.assertLess(np.abs(counts / 5_000 - 1).max(), 0.06, counts)
+        np.testing.assert_array_equal(dc.uniforms(keys[[7, 2]], 0), u[[7, 2]])
+        for other in (dc.uniforms(keys, 1), dc.uniforms(dc.stream(keys, dc.PREFIX_SPLIT), 0)):
+            self.assertLess(abs(np.corrcoef(u, other)[0, 1]), 0.02)
+        with self.assertRaisesRegex(ValueError, "Generator or 3 uint64 row keys"):
+            dc.random_prefix_split(np.arange(3), 3, 10)
+
+    @parameterized.named_parameters(("span_corruption", False), ("prefix_lm", True))
+    def test_a_rows_draws_do_not_depend_on_the_rows_beside_it(self, prefix_lm):
+        # A resume under another split of the global batch puts a row beside other rows: it must get
+        # the same mask (or prefix split) whatever its micro-batch and its place in it.
+        col = dc.DataCollatorForPrefixLM(self.tok, raw_length=64, seed=5) if prefix_lm else self.collator(128, seed=5)
+        rows = self.examples(col.raw_length, 8)
+        together = col(rows)
+        for part in (rows[:4], rows[4:][::-1], rows[2:3], rows[::3]):
+            apart = col(part)
+            for i, row in enumerate(part):
+                for key in together:
+                    self.assertTrue(torch.equal(apart[key][i], together[key][row["idx"]]), (key, row["idx"]))
+
     def test_different_idx_different_masks(self):
         col = self.collator(128)
         chunks = self.chunks(col.raw_length, 8)

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from unittest import mock
 
+import datasets
+import numpy as np
 import torch
 import yaml
 from absl.testing import absltest, parameterized
@@ -224,10 +226,9 @@ class UL2Test(parameterized.TestCase):
 class UL2TwoProcessTest(absltest.TestCase):
     def test_loss_per_denoiser_is_gathered_from_both_processes(self):
         # 24 held-out chunks in batches of 8: process 1 gets one batch and a padded one (the set's
-        # first rows again), whose rows the gather drops. A row's denoiser is drawn per batch, so the
-        # batches must be the same as one process's: a partial last batch would be padded with other
-        # rows and draw differently. A step at a vanishing learning rate leaves the weights as they
-        # started, so one process with twice the batch must evaluate to the same losses.
+        # first rows again), whose rows the gather drops. A row draws its denoiser from --seed and its
+        # chunk id, whatever batch and process it lands in. A step at a vanishing learning rate leaves
+        # the weights as they started, so one process with twice the batch must evaluate to the same losses.
         with tempfile.TemporaryDirectory() as out:
             args = pretrain_args(out, "--objective", "ul2", "--max_seq_length", "32", "--max_steps", "1",
                                  "--learning_rate", "1e-12", "--max_eval_samples", "24",
@@ -252,6 +253,29 @@ class UL2TwoProcessTest(absltest.TestCase):
 def _drop(args, flag):
     i = args.index(flag)
     return args[:i] + args[i + 2:]
+
+
+class LoadersTest(absltest.TestCase):
+    def test_a_chunk_draws_a_new_mask_every_epoch(self):
+        # A chunk's mask is a function of --seed and its idx: the training loader numbers chunks per epoch, so
+        # that every epoch masks them anew (and a resumed run, in the same epoch, draws the same).
+        config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
+            "unused", "--max_seq_length", "32", "--per_device_train_batch_size", "4"))
+        tokenizer = pre_train_t5.load_tokenizer_and_model(config)[0]
+        collator = pre_train_t5.build_collator(config, tokenizer)
+        chunks = np.arange(12 * collator.raw_length).reshape(12, collator.raw_length) % 900 + 5
+        packed = datasets.Dataset.from_dict({"input_ids": chunks, "idx": np.arange(12)}).with_format("numpy")
+        train = pre_train_t5.build_loaders(config, packed, packed, collator)[0]
+
+        def epoch(number):  # each chunk's corrupted input, by the chunk's first token
+            train.sampler.set_epoch(number)
+            return {int(row[0]): row.tolist() for batch in train for row in batch["input_ids"]}
+
+        first, second = epoch(0), epoch(1)
+        self.assertEqual(sorted(first), sorted(chunks[:, 0].tolist()))  # every chunk, once
+        self.assertEqual(sorted(second), sorted(first))
+        self.assertGreaterEqual(sum(first[k] != second[k] for k in first), 10)  # a few masks may repeat by chance
+        self.assertEqual(epoch(1), second)
 
 
 class ConfigsTest(parameterized.TestCase):
