@@ -10,8 +10,8 @@ denoisers with sampling rates; each row of a batch draws its denoiser from the r
     batch = collate(examples)
     info = {key: batch.pop(key) for key in BATCH_INFO_KEYS}   # the model's forward takes the rest
 
-The building blocks (T5's lengths, masks, sentinel replacement, prefix split, the rows' random
-keys) are data_collator_t5's, so every denoiser keeps that collator's guarantees.
+The building blocks are the collator's (data_collator_t5: T5's lengths, masks, sentinel replacement,
+prefix split; t5_training.row_keys: the rows' random keys), so every denoiser keeps its guarantees.
 """
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ import numpy as np
 import torch
 import yaml
 
-from data_collator_t5 import (DENOISER, RowRandomness, compute_input_and_target_lengths, corrupted_lengths,
-                              min_prefix_length, random_prefix_split, replace_runs, sentinel_ids,
-                              shift_right, span_counts, split_prefix, stack_chunks, stream, uniforms)
+from data_collator_t5 import (compute_input_and_target_lengths, corrupted_lengths, min_prefix_length,
+                              random_prefix_split, replace_runs, sentinel_ids, shift_right, span_counts,
+                              split_prefix, stack_chunks)
 from t5_training.errors import UsageError
+from t5_training.row_keys import DENOISER, RowRandomness, stream, uniforms
 from t5_training.span_masks import random_spans_noise_masks
 
 KINDS = ("span", "prefix")

@@ -2,14 +2,15 @@
 of denoisers (denoisers.py), each with its own length, noise count and span count.
 
 data_collator_t5.random_spans_noise_mask serves rows that share one shape; here rows differ. As
-there, each row draws from its own key (data_collator_t5.row_keys), so its mask is the same
+there, each row draws from its own key (t5_training.row_keys), so its mask is the same
 whichever rows share its batch.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from data_collator_t5 import KEPT_CUTS, NOISE_CUTS, keys_for, stream, toggled, uniforms
+from data_collator_t5 import toggled
+from t5_training.row_keys import KEPT_CUTS, NOISE_CUTS, keys_for, stream, uniforms
 
 
 def _ragged_cuts(keys: np.ndarray, items: np.ndarray, segments: np.ndarray) -> np.ndarray:
@@ -54,7 +55,7 @@ def random_spans_noise_masks(rng, lengths: np.ndarray, num_noise: np.ndarray, nu
     """T5 noise masks of rows of different lengths at once, flat: row r's lengths[r] entries follow
     row r - 1's, with num_noise[r] noise tokens in num_spans[r] spans, every such mask equally likely,
     kept text first and noise last (data_collator_t5.random_spans_noise_mask, row by row). `rng`: one
-    uint64 key per row (data_collator_t5.row_keys), which alone decides the row's mask, or a numpy Generator."""
+    uint64 key per row (t5_training.row_keys), which alone decides the row's mask, or a numpy Generator."""
     keys = keys_for(rng, len(lengths))
     kept = lengths - num_noise
     cuts = _ragged_cuts(np.concatenate([stream(keys, NOISE_CUTS), stream(keys, KEPT_CUTS)]),

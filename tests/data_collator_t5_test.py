@@ -9,6 +9,7 @@ import torch
 from transformers import AutoTokenizer, T5TokenizerFast
 
 import data_collator_t5 as dc
+from t5_training import row_keys
 from tests import fixtures
 
 EOS, PAD = 1, 0
@@ -275,21 +276,13 @@ class DataCollatorT5Test(parameterized.TestCase):
         other_seed = self.collator(128, seed=4)(examples)
         self.assertFalse(torch.equal(first["input_ids"], other_seed["input_ids"]))
 
-    def test_row_keys_and_their_draws(self):
-        keys = dc.row_keys(3, np.arange(50_000))
-        self.assertLen(np.unique(keys), 50_000)
-        self.assertTrue(np.all(keys != dc.row_keys(4, np.arange(50_000))))
-        np.testing.assert_array_equal(dc.row_keys(3, [7, 2]), keys[[7, 2]])
-        # Draws: uniform in [0, 1), the same for the same (key, counter), apart for other counters and streams.
-        u = dc.uniforms(keys, 0)
-        self.assertTrue(np.all((u >= 0) & (u < 1)))
-        counts = np.bincount((u * 10).astype(int), minlength=10)
-        self.assertLess(np.abs(counts / 5_000 - 1).max(), 0.06, counts)
-        np.testing.assert_array_equal(dc.uniforms(keys[[7, 2]], 0), u[[7, 2]])
-        for other in (dc.uniforms(keys, 1), dc.uniforms(dc.stream(keys, dc.PREFIX_SPLIT), 0)):
-            self.assertLess(abs(np.corrcoef(u, other)[0, 1]), 0.02)
+    def test_draws_take_row_keys_or_a_generator(self):
+        # A Generator stands for the row keys it draws: the same splits either way.
+        keys = row_keys.keys_for(np.random.default_rng(6), 3)
+        np.testing.assert_array_equal(dc.random_prefix_split(np.random.default_rng(6), 3, 10),
+                                      dc.random_prefix_split(keys, 3, 10))
         with self.assertRaisesRegex(ValueError, "Generator or 3 uint64 row keys"):
-            dc.random_prefix_split(np.arange(3), 3, 10)
+            dc.random_prefix_split(np.arange(3), 3, 10)  # row ids, not their keys
 
     @parameterized.named_parameters(("span_corruption", False), ("prefix_lm", True))
     def test_a_rows_draws_do_not_depend_on_the_rows_beside_it(self, prefix_lm):

@@ -4,7 +4,7 @@ from absl.testing import absltest
 import numpy as np
 
 import data_collator_t5 as dc
-from t5_training import span_masks
+from t5_training import row_keys, span_masks
 
 
 class RaggedMasksTest(absltest.TestCase):
@@ -43,7 +43,7 @@ class RaggedMasksTest(absltest.TestCase):
         # Rows of three shapes: a row keeps its mask beside other rows, and rows of one shape get exactly
         # the collator's masks from the same keys (both cut the first distinct gaps a row draws).
         shapes = np.array([(567, 85, 28), (765, 382, 127), (10, 5, 5)] * 4)
-        keys = dc.row_keys(5, np.arange(len(shapes)))
+        keys = row_keys.row_keys(5, np.arange(len(shapes)))
 
         def masks(rows):
             flat = span_masks.random_spans_noise_masks(keys[rows], *shapes[rows].T)
