@@ -63,11 +63,19 @@ class PretrainThenFineTuneTest(absltest.TestCase):
             evals = run_dir.read_state(pt, 120)["evals"]
             self.assertEqual([e["step"] for e in evals], list(range(15, 121, 15)))
             # Held-out chunks of the corpus: loss falls and span-token accuracy rises as pretraining goes on.
-            # (120 steps: 4.23 -> 3.62 and 23.2% -> 33.1% when written; 300 steps of AdamW at 2e-3,
-            # this test's recipe before, ended no lower: 4.26 -> 3.63.)
+            # Measured with --seed 0..4 and 42, on this code and on the per-batch masks before it (12 runs):
+            # the loss drops 0.47..0.63 from the first evaluation to the last (4.99..5.18 -> 4.48..4.63),
+            # accuracy gains 6..16 points. In the second half the loss falls at most 0.05 an evaluation while one
+            # evaluation can jump 0.12 (4.71, 4.83, 4.68), so "falls at every evaluation" and "0.5 lower"
+            # failed 7 of the 12. Instead: the later of two evaluations is the lower in all but at most 5 of
+            # the 28 pairs (those runs: 0 to 3 out of order; a second half that climbs back puts 6 or more),
+            # and the loss ends 0.25 lower: half the smallest drop, twice the largest jump. A run that does
+            # not learn (--learning_rate 1e-6: 7.718 -> 7.708, 0.002 an evaluation, for the held-out masks
+            # are the same at every evaluation; accuracy unchanged) fails the last two checks.
             losses = [e["loss"] for e in evals]
-            self.assertEqual(losses, sorted(losses, reverse=True))  # falls at every evaluation
-            self.assertLess(losses[-1], losses[0] - 0.5, evals)
+            later_higher = sum(later >= loss for i, loss in enumerate(losses) for later in losses[i + 1:])
+            self.assertLessEqual(later_higher, 5, evals)
+            self.assertLess(losses[-1], losses[0] - 0.25, evals)
             self.assertGreater(evals[-1]["accuracy"], evals[0]["accuracy"], evals)
             self.assertEqual(result["eval"]["loss"], evals[-1]["loss"])
 
