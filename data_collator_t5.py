@@ -4,21 +4,25 @@ Definitions follow Google's T5 `t5/data/preprocessors.py`:
   * `compute_input_and_target_lengths` is `random_spans_helper` with one sentinel per span in
     inputs and targets (what `span_corruption` passes);
   * `random_spans_noise_mask` is `random_spans_noise_mask` with `_random_segmentation`
-    (without `random_roll`), batched;
+    (without `random_roll`), batched; each row draws from its own key (t5_training.row_keys), a
+    function of (seed, its "idx"), so its mask is the same whichever rows share its batch;
   * `DataCollatorForT5MLM` applies `noise_span_to_unique_sentinel` to build inputs and
     `nonnoise_span_to_unique_sentinel` to build targets, then appends EOS;
   * `DataCollatorForPrefixLM` is `prefix_lm` (`random_prefix_noise_mask`, inputs = prefix,
     targets = the rest).
-Everything is vectorised over the batch with numpy; only numpy, torch and the standard library
-are used, and the tokenizer is passed in. UL2's mixture of denoisers (denoisers.py) is built from
+Everything is vectorised over the batch with numpy; only numpy, torch, the standard library and
+the rows' keys (t5_training.row_keys, which imports nothing of the project) are used, and the
+tokenizer is passed in. UL2's mixture of denoisers (denoisers.py) is built from
 this module's public functions.
 """
 from __future__ import annotations
 
-import os
+import math
 
 import numpy as np
 import torch
+
+from t5_training.row_keys import KEPT_CUTS, NOISE_CUTS, PREFIX_SPLIT, RowRandomness, keys_for, stream, uniforms
 
 
 def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
@@ -66,29 +70,45 @@ def compute_input_and_target_lengths(inputs_length: int, noise_density: float,
     return tokens_length, targets_length
 
 
-def _random_segmentation(rng: np.random.Generator, batch_size: int, num_items: int,
-                         num_segments: int) -> np.ndarray:
-    """(batch_size, num_segments + 1) bounds 0 < ... < num_items of segments of positive length,
-    uniform over compositions: segment j holds items bounds[j] to bounds[j + 1] - 1."""
-    # Shuffling a row of (num_segments - 1) ones among the num_items - 1 gaps picks the cut points
-    # uniformly, like T5's stateless_shuffle; Generator.permuted shuffles each row independently.
-    # int64, not bool: numpy shuffles 8-byte items twice as fast, with the same draws and result.
-    is_cut = np.zeros((batch_size, num_items - 1), dtype=np.int64)
-    is_cut[:, :num_segments - 1] = 1
-    is_cut = rng.permuted(is_cut, axis=1)
-    bounds = np.empty((batch_size, num_segments + 1), np.int64)
+def _segment_bounds(keys: np.ndarray, num_items: int, num_segments: int) -> np.ndarray:
+    """(rows, num_segments + 1) bounds 0 < ... < num_items of segments of positive length, uniform
+    over compositions, row r's from keys[r] alone: segment j holds items bounds[j] to bounds[j + 1] - 1."""
+    gaps, cuts, rows = num_items - 1, num_segments - 1, len(keys)
+    wanted = min(cuts, gaps - cuts)  # where most gaps are cut, draw the uncut ones
+    # A row cuts the first `wanted` distinct gaps it draws (as t5_training.span_masks does): every set
+    # equally likely, as T5's shuffle makes them, in fewer numbers than a shuffle. Draws: the coupon
+    # collector's mean plus 4 deviations, doubled in the rare case a row falls short.
+    mean = gaps * math.log(gaps / (gaps - wanted)) if wanted else 0.0
+    draws = int(mean + 4 * math.sqrt(mean)) + 8
+    while True:
+        picks = (uniforms(keys[:, None], np.arange(draws)) * gaps).astype(np.int64)  # uniform to within 2^-53
+        # A stable sort puts a gap's first draw before its repeats; flat indices beat take_along_axis.
+        order = (np.argsort(picks, axis=1, kind="stable") + draws * np.arange(rows)[:, None]).reshape(-1)
+        ranked = picks.reshape(-1)[order]
+        first = np.empty(len(order), dtype=bool)
+        first[order] = np.concatenate([[True], ranked[1:] != ranked[:-1]]) | (np.arange(len(order)) % draws == 0)
+        first = first.reshape(rows, draws)
+        if np.all(first.sum(axis=1) >= wanted):
+            break
+        draws *= 2
+    chosen = np.zeros((rows, gaps), dtype=bool)
+    taken = first & (np.cumsum(first, axis=1) <= wanted)
+    chosen[np.nonzero(taken)[0], picks[taken]] = True
+    bounds = np.empty((rows, num_segments + 1), np.int64)
     bounds[:, 0], bounds[:, -1] = 0, num_items
-    # flatnonzero, row-major so sorted within each row: a seventh of the time of nonzero's 2-D indices
-    bounds[:, 1:-1] = (np.flatnonzero(is_cut) % (num_items - 1)).reshape(batch_size, num_segments - 1) + 1
+    if cuts:  # flatnonzero, row-major so sorted within each row
+        bounds[:, 1:-1] = np.flatnonzero(chosen if wanted == cuts else ~chosen).reshape(rows, cuts) % gaps + 1
     return bounds
 
 
 def random_spans_noise_mask(batch_size: int, length: int, noise_density: float,
-                            mean_noise_span_length: float, rng: np.random.Generator) -> np.ndarray:
-    """Bool (batch_size, length) T5 noise masks: exact noise/span counts, all masks equally likely."""
+                            mean_noise_span_length: float, rng) -> np.ndarray:
+    """Bool (batch_size, length) T5 noise masks: exact noise/span counts, all masks equally likely, each
+    row's from its own key (`rng`: one uint64 key per row, row_keys, or a numpy Generator to draw them)."""
     num_noise, num_nonnoise, num_spans = span_counts(length, noise_density, mean_noise_span_length)
-    noise = _random_segmentation(rng, batch_size, num_noise, num_spans)
-    kept = _random_segmentation(rng, batch_size, num_nonnoise, num_spans)
+    keys = keys_for(rng, batch_size)
+    noise = _segment_bounds(stream(keys, NOISE_CUTS), num_noise, num_spans)
+    kept = _segment_bounds(stream(keys, KEPT_CUTS), num_nonnoise, num_spans)
     # Kept text first, so every mask starts with kept text and (as in T5) ends with a noise span:
     # noise span j starts after kept segments 0..j and noise segments 0..j-1, and ends after both 0..j.
     flips = np.concatenate([kept[:, 1:] + noise[:, :-1], kept[:, 1:-1] + noise[:, 1:-1]], axis=1)
@@ -101,41 +121,6 @@ def toggled(flips: np.ndarray) -> np.ndarray:
     """Bool array, True from each odd-numbered True of a row of `flips` until the next one (excluded)."""
     # A running count's parity: twice as fast as np.logical_xor.accumulate along rows.
     return (np.cumsum(flips, axis=1, dtype=np.int32) & 1).astype(bool)
-
-
-class BatchRandomness:
-    """The generator a batch's randomness is drawn from.
-
-    With "idx" on every example, the generator is a pure function of (seed, the batch's idx
-    values): a resumed run re-creates exactly the masks an uninterrupted run saw, whichever
-    data-loader worker or process builds the batch, and two workers or processes never repeat
-    each other's masks because they never receive the same rows.
-
-    Without "idx", a stream per (process rank, worker) is the best we can do. It is created on
-    first use inside the worker, never in __init__: the collator is built before DataLoader
-    forks its workers, and a generator made then would be copied into every worker, which would
-    all emit identical masks. Keying it on the pid also recreates it if the main process used
-    the collator before forking.
-    """
-
-    def __init__(self, seed: int):
-        self.seed = seed
-        self._fallback: tuple[tuple[int, int], np.random.Generator] | None = None
-
-    def __call__(self, examples: list[dict]) -> np.random.Generator:
-        with_idx = sum("idx" in ex for ex in examples)
-        if with_idx == len(examples):
-            return np.random.default_rng(np.random.SeedSequence([self.seed, *(int(ex["idx"]) for ex in examples)]))
-        if with_idx:
-            raise ValueError(f'{with_idx} of {len(examples)} examples carry "idx"; give it to all or none')
-        info = torch.utils.data.get_worker_info()
-        worker_id = -1 if info is None else info.id
-        key = (os.getpid(), worker_id)
-        if self._fallback is None or self._fallback[0] != key:
-            rank = int(os.environ.get("RANK", 0))
-            # SeedSequence takes non-negative entropy only, so the main process (-1) maps to 0.
-            self._fallback = (key, np.random.default_rng(np.random.SeedSequence([self.seed, rank, worker_id + 1])))
-        return self._fallback[1]
 
 
 def stack_chunks(examples: list[dict], length: int) -> np.ndarray:
@@ -222,11 +207,13 @@ def min_prefix_length(length: int, noise_density: float = 0.5) -> int:
     return min(length - 1, max(1, int(shortest)))
 
 
-def random_prefix_split(rng: np.random.Generator, batch_size: int, length: int,
-                        noise_density: float = 0.5) -> np.ndarray:
+def random_prefix_split(rng, batch_size: int, length: int, noise_density: float = 0.5) -> np.ndarray:
     """(batch_size, 1) prefix lengths, uniform from min_prefix_length to length - 1 as T5's
-    random_prefix_noise_mask: targets average a `noise_density` share of the chunk, neither side empty."""
-    return rng.integers(min_prefix_length(length, noise_density), length, size=(batch_size, 1))
+    random_prefix_noise_mask: targets average a `noise_density` share of the chunk, neither side empty.
+    Each row's from its own key (`rng`: one uint64 key per row, row_keys, or a numpy Generator to draw them)."""
+    shortest = min_prefix_length(length, noise_density)
+    u = uniforms(stream(keys_for(rng, batch_size), PREFIX_SPLIT), 0)
+    return shortest + (u * (length - shortest)).astype(np.int64)[:, None]  # uniform to within 2^-53
 
 
 def split_prefix(tokens: np.ndarray, split: np.ndarray, eos_token_id: int,
@@ -268,12 +255,12 @@ class DataCollatorForT5MLM:
         # the mask) it is longer: T5 then trims the end, EOS included; the batch widens instead.
         self._lengths = corrupted_lengths(self.raw_length, noise_density, mean_noise_span_length)
         self._widths = max(input_length, self._lengths[0]), max(self.target_length, self._lengths[1])
-        self._rng = BatchRandomness(seed)
+        self._keys = RowRandomness(seed)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = stack_chunks(examples, self.raw_length)
         mask = random_spans_noise_mask(len(tokens), self.raw_length, self.noise_density,
-                                       self.mean_noise_span_length, self._rng(examples))
+                                       self.mean_noise_span_length, self._keys(examples))
         input_ids = replace_runs(tokens, mask, self._widths[0], self.pad_token_id, self.sentinel_ids,
                                  self.eos_token_id)
         # Non-noise runs become the sentinels in the targets; since masks start with non-noise,
@@ -298,11 +285,11 @@ class DataCollatorForPrefixLM:
         self.eos_token_id = tokenizer.eos_token_id
         self.pad_token_id = tokenizer.pad_token_id
         self.decoder_start_token_id = tokenizer.pad_token_id
-        self._rng = BatchRandomness(seed)
+        self._keys = RowRandomness(seed)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = stack_chunks(examples, self.raw_length)
-        split = random_prefix_split(self._rng(examples), len(tokens), self.raw_length)
+        split = random_prefix_split(self._keys(examples), len(tokens), self.raw_length)
         input_ids, attention_mask, labels = split_prefix(tokens, split, self.eos_token_id, self.pad_token_id)
         return {
             "input_ids": torch.from_numpy(input_ids),

@@ -10,8 +10,8 @@ denoisers with sampling rates; each row of a batch draws its denoiser from the r
     batch = collate(examples)
     info = {key: batch.pop(key) for key in BATCH_INFO_KEYS}   # the model's forward takes the rest
 
-The building blocks (T5's lengths, masks, sentinel replacement, prefix split, the batch's random
-generator) are data_collator_t5's, so every denoiser keeps that collator's guarantees.
+The building blocks are the collator's (data_collator_t5: T5's lengths, masks, sentinel replacement,
+prefix split; t5_training.row_keys: the rows' random keys), so every denoiser keeps its guarantees.
 """
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ import numpy as np
 import torch
 import yaml
 
-from data_collator_t5 import (BatchRandomness, compute_input_and_target_lengths, corrupted_lengths,
-                              min_prefix_length, random_prefix_split, replace_runs, sentinel_ids,
-                              shift_right, span_counts, split_prefix, stack_chunks)
+from data_collator_t5 import (compute_input_and_target_lengths, corrupted_lengths, min_prefix_length,
+                              random_prefix_split, replace_runs, sentinel_ids, shift_right, span_counts,
+                              split_prefix, stack_chunks)
 from t5_training.errors import UsageError
+from t5_training.row_keys import DENOISER, RowRandomness, stream, uniforms
 from t5_training.span_masks import random_spans_noise_masks
 
 KINDS = ("span", "prefix")
@@ -219,8 +220,9 @@ class DataCollatorForDenoiserMixture:
     model's forward. With UL2's default at equal rates this drops 29.7% of the packed tokens at
     input_length 128 (rows of 127..248 raw tokens) and at 512 (511..1004).
 
-    The denoiser draws and the masks come from one generator per batch, a pure function of (seed,
-    the batch's "idx" values): resumed runs and data-loader workers stay exact and never repeat.
+    A row's denoiser, mask and prefix split come from its own key, a pure function of (seed, its
+    "idx"): the same whichever rows share its batch (a resume under another split of the global
+    batch repeats them), and never repeated by another row, worker or process.
     """
 
     def __init__(self, tokenizer, *, input_length: int, denoisers, rates, seed: int = 0):
@@ -262,12 +264,12 @@ class DataCollatorForDenoiserMixture:
                              "or drop that denoiser")
         self._cumulative_rates = np.cumsum(self.rates)
         self._cumulative_rates[-1] = 1.0  # so that every uniform draw in [0, 1) falls below the last
-        self._rng = BatchRandomness(seed)
+        self._keys = RowRandomness(seed)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = stack_chunks(examples, self.raw_length)
-        rng = self._rng(examples)
-        ids = np.searchsorted(self._cumulative_rates, rng.random(len(tokens)), side="right")  # a sixth of choice's time
+        keys = self._keys(examples)
+        ids = np.searchsorted(self._cumulative_rates, uniforms(stream(keys, DENOISER), 0), side="right")
         input_ids = np.full((len(tokens), self.input_length), self.pad_token_id, np.int64)
         input_ids[:, 0] = self.mode_ids[ids]
         attention_mask = (np.arange(self.input_length) < self._input_lengths[ids][:, None]).astype(np.int64)
@@ -283,14 +285,14 @@ class DataCollatorForDenoiserMixture:
             used = np.zeros(tokens.shape, dtype=bool)
             used[rows] = np.arange(tokens.shape[1]) < lengths[:, None]
             flat = np.compress(used.reshape(-1), tokens.reshape(-1))
-            mask = random_spans_noise_masks(rng, lengths, noise, spans)
+            mask = random_spans_noise_masks(keys[rows], lengths, noise, spans)
             input_ids[rows, 1:] = replace_runs(flat, mask, self.input_length - 1, self.pad_token_id,
                                                self.sentinel_ids, self.eos_token_id, lengths)
             labels[rows, :] = replace_runs(flat, ~mask, labels.shape[1], -100, self.sentinel_ids,
                                            self.eos_token_id, lengths)
-        for i in np.unique(ids[~self._is_span[ids]]):  # prefix LMs: cheap, one pass each in a fixed order
+        for i in np.unique(ids[~self._is_span[ids]]):  # prefix LMs: cheap, one pass each
             rows, d = np.flatnonzero(ids == i), self.denoisers[i]
-            split = random_prefix_split(rng, len(rows), self.raw_lengths[i], d.noise_density)
+            split = random_prefix_split(keys[rows], len(rows), self.raw_lengths[i], d.noise_density)
             prefix, attention, rest = split_prefix(tokens[rows, :self.raw_lengths[i]], split, self.eos_token_id,
                                                    self.pad_token_id)
             input_ids[rows, 1:], attention_mask[rows, 1:] = prefix, attention

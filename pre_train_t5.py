@@ -23,7 +23,7 @@ import denoisers
 from data_collator_t5 import DataCollatorForPrefixLM, DataCollatorForT5MLM
 from t5_training import agreement, batch_size, corpus, data, evaluation, loop, run_dir, runtime
 from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
-from t5_training.samplers import EpochShuffleSampler
+from t5_training.samplers import EpochNumberedSampler
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
 from t5_training.modeling import has_sentinels
@@ -255,9 +255,11 @@ def build_loaders(config: PreTrainConfig, train_data, eval_data, collator):
         loader_class, order = corpus.StreamLoader, {}
     else:
         loader_class = torch.utils.data.DataLoader
-        # As in fine-tuning: an order that depends only on (seed, epoch), and a private generator.
-        order = {"sampler": EpochShuffleSampler(len(train_data), config.seed),
+        # As in fine-tuning: an order that depends only on (seed, epoch), and a private generator. Chunks
+        # are numbered per epoch, so that each epoch draws their masks anew.
+        order = {"sampler": EpochNumberedSampler(len(train_data), config.seed),
                  "generator": torch.Generator().manual_seed(config.seed)}
+        train_data = corpus.EpochChunks(train_data)
     train = loader_class(train_data, batch_size=config.per_device_train_batch_size, collate_fn=collator,
                          **data.loader_workers(config, not config.streaming), **order)
     evaluation_loader = torch.utils.data.DataLoader(eval_data, batch_size=config.per_device_eval_batch_size,

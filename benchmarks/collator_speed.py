@@ -10,8 +10,9 @@ decoder_input_ids, as torch tensors. The reference below is the straightforward 
 T5's span corruption (t5/data/preprocessors.py): for each example, random_spans_noise_mask with
 _random_segmentation (numpy, one permutation per segmentation), then
 noise_span_to_unique_sentinel for the inputs and nonnoise_span_to_unique_sentinel for the
-targets, EOS appended, and the rows stacked. Both draw from a generator seeded by the batch's
-`idx` values, as the project's collator does, so setup costs are alike; their draws differ, so
+targets, EOS appended, and the rows stacked. The reference draws from a generator seeded by the
+batch's `idx` values; the project's collator draws each row from its own key (seed, its `idx`),
+counter-based and vectorised over the rows. Their draws differ, so
 the benchmark checks each side on its own: shapes and dtypes equal, 85 noise tokens in 28 spans
 per row, the right sentinels in order, decoder inputs shifted right, and every original chunk
 rebuilt exactly from its inputs and targets.

@@ -249,6 +249,26 @@ class StreamLoader(torch.utils.data.DataLoader):
         self.dataset.set_epoch(epoch)
 
 
+class EpochChunks(torch.utils.data.Dataset):
+    """Packed chunks read as `epoch * len + row` (samplers.EpochNumberedSampler), each with that number as
+    its "idx": a chunk's masks, a pure function of the seed and its idx, are drawn anew every epoch, and
+    alike in every run and under any batch split. Epoch 0's numbers are the chunks' own idx."""
+
+    def __init__(self, chunks: datasets.Dataset):
+        self.chunks = chunks
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, number: int) -> dict:
+        return self.__getitems__([number])[0]
+
+    def __getitems__(self, numbers: list[int]) -> list[dict]:
+        # One read for the batch: a fraction of the time of one per row.
+        rows = self.chunks[[number % len(self.chunks) for number in numbers]]["input_ids"]
+        return [{"input_ids": ids, "idx": number} for ids, number in zip(rows, numbers)]
+
+
 def take_chunks(stream: Iterable[dict], limit: int) -> datasets.Dataset:
     """The first `limit` chunks of a stream as an in-memory dataset (a fixed validation set)."""
     rows = [row for _, row in zip(range(limit), stream)]

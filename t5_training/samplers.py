@@ -42,6 +42,15 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
         return iter(torch.randperm(self.length, generator=epoch_generator(self.seed, self.epoch)).tolist())
 
 
+class EpochNumberedSampler(EpochShuffleSampler):
+    """EpochShuffleSampler's order, each row given as `epoch * length + row`: for a dataset that reads the
+    epoch from the number (corpus.EpochChunks), as data-loader workers never see set_epoch."""
+
+    def __iter__(self) -> Iterator[int]:
+        offset = self.epoch * self.length
+        return (offset + row for row in super().__iter__())
+
+
 class LengthGroupedSampler(EpochShuffleSampler):
     """A shuffle in which consecutive `batch_size` rows have similar lengths (`--group_by_length`).
 

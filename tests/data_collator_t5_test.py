@@ -9,6 +9,7 @@ import torch
 from transformers import AutoTokenizer, T5TokenizerFast
 
 import data_collator_t5 as dc
+from t5_training import row_keys
 from tests import fixtures
 
 EOS, PAD = 1, 0
@@ -274,6 +275,27 @@ class DataCollatorT5Test(parameterized.TestCase):
             self.assertTrue(torch.equal(first[key], fresh[key]))
         other_seed = self.collator(128, seed=4)(examples)
         self.assertFalse(torch.equal(first["input_ids"], other_seed["input_ids"]))
+
+    def test_draws_take_row_keys_or_a_generator(self):
+        # A Generator stands for the row keys it draws: the same splits either way.
+        keys = row_keys.keys_for(np.random.default_rng(6), 3)
+        np.testing.assert_array_equal(dc.random_prefix_split(np.random.default_rng(6), 3, 10),
+                                      dc.random_prefix_split(keys, 3, 10))
+        with self.assertRaisesRegex(ValueError, "Generator or 3 uint64 row keys"):
+            dc.random_prefix_split(np.arange(3), 3, 10)  # row ids, not their keys
+
+    @parameterized.named_parameters(("span_corruption", False), ("prefix_lm", True))
+    def test_a_rows_draws_do_not_depend_on_the_rows_beside_it(self, prefix_lm):
+        # A resume under another split of the global batch puts a row beside other rows: it must get
+        # the same mask (or prefix split) whatever its micro-batch and its place in it.
+        col = dc.DataCollatorForPrefixLM(self.tok, raw_length=64, seed=5) if prefix_lm else self.collator(128, seed=5)
+        rows = self.examples(col.raw_length, 8)
+        together = col(rows)
+        for part in (rows[:4], rows[4:][::-1], rows[2:3], rows[::3]):
+            apart = col(part)
+            for i, row in enumerate(part):
+                for key in together:
+                    self.assertTrue(torch.equal(apart[key][i], together[key][row["idx"]]), (key, row["idx"]))
 
     def test_different_idx_different_masks(self):
         col = self.collator(128)

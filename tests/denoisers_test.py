@@ -181,6 +181,26 @@ class DenoisersTest(parameterized.TestCase):
         self.assertFalse(torch.equal(first["input_ids"], collator(128, seed=3)(shifted)["input_ids"]))
         self.assertFalse(torch.equal(first["input_ids"], collator(128, seed=4)(rows)["input_ids"]))
 
+    def test_a_rows_draws_do_not_depend_on_the_rows_beside_it(self):
+        # A resume under another split of the global batch puts a row beside other rows: it must draw the
+        # same denoiser and mask whatever its micro-batch and its place in it. Labels are padded to the
+        # batch's longest target, so rows compare up to their own.
+        col = collator(128, seed=3)
+        rows = examples(col.raw_length, 24, offset=40)
+        together = col(rows)
+        self.assertGreaterEqual(len(set(together["denoiser_ids"].tolist())), 5)
+        for part in (rows[:8], rows[8:][::-1], rows[5:6], rows[::5]):
+            apart = col(part)
+            for i, row in enumerate(part):
+                j = row["idx"] - 40
+                for key in together:
+                    ours, theirs = apart[key][i], together[key][j]
+                    if key == "labels":
+                        ours = torch.nn.functional.pad(ours, (0, len(theirs) - len(ours)), value=-100)
+                    elif key == "decoder_input_ids":  # past the narrower batch: the row's shifted-out EOS
+                        theirs = theirs[:len(ours)]
+                    self.assertTrue(torch.equal(ours, theirs), (key, j))
+
     @parameterized.named_parameters(("with_idx", True), ("per_worker_fallback", False))
     def test_dataloader_workers_never_repeat_masks(self, with_idx):
         col = collator(32)

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from unittest import mock
 
+import datasets
+import numpy as np
 import torch
 import yaml
 from absl.testing import absltest, parameterized
@@ -61,11 +63,19 @@ class PretrainThenFineTuneTest(absltest.TestCase):
             evals = run_dir.read_state(pt, 120)["evals"]
             self.assertEqual([e["step"] for e in evals], list(range(15, 121, 15)))
             # Held-out chunks of the corpus: loss falls and span-token accuracy rises as pretraining goes on.
-            # (120 steps: 4.23 -> 3.62 and 23.2% -> 33.1% when written; 300 steps of AdamW at 2e-3,
-            # this test's recipe before, ended no lower: 4.26 -> 3.63.)
+            # Measured with --seed 0..4 and 42, on this code and on the per-batch masks before it (12 runs):
+            # the loss drops 0.47..0.63 from the first evaluation to the last (4.99..5.18 -> 4.48..4.63),
+            # accuracy gains 6..16 points. In the second half the loss falls at most 0.05 an evaluation while one
+            # evaluation can jump 0.12 (4.71, 4.83, 4.68), so "falls at every evaluation" and "0.5 lower"
+            # failed 7 of the 12. Instead: the later of two evaluations is the lower in all but at most 5 of
+            # the 28 pairs (those runs: 0 to 3 out of order; a second half that climbs back puts 6 or more),
+            # and the loss ends 0.25 lower: half the smallest drop, twice the largest jump. A run that does
+            # not learn (--learning_rate 1e-6: 7.718 -> 7.708, 0.002 an evaluation, for the held-out masks
+            # are the same at every evaluation; accuracy unchanged) fails the last two checks.
             losses = [e["loss"] for e in evals]
-            self.assertEqual(losses, sorted(losses, reverse=True))  # falls at every evaluation
-            self.assertLess(losses[-1], losses[0] - 0.5, evals)
+            later_higher = sum(later >= loss for i, loss in enumerate(losses) for later in losses[i + 1:])
+            self.assertLessEqual(later_higher, 5, evals)
+            self.assertLess(losses[-1], losses[0] - 0.25, evals)
             self.assertGreater(evals[-1]["accuracy"], evals[0]["accuracy"], evals)
             self.assertEqual(result["eval"]["loss"], evals[-1]["loss"])
 
@@ -224,10 +234,9 @@ class UL2Test(parameterized.TestCase):
 class UL2TwoProcessTest(absltest.TestCase):
     def test_loss_per_denoiser_is_gathered_from_both_processes(self):
         # 24 held-out chunks in batches of 8: process 1 gets one batch and a padded one (the set's
-        # first rows again), whose rows the gather drops. A row's denoiser is drawn per batch, so the
-        # batches must be the same as one process's: a partial last batch would be padded with other
-        # rows and draw differently. A step at a vanishing learning rate leaves the weights as they
-        # started, so one process with twice the batch must evaluate to the same losses.
+        # first rows again), whose rows the gather drops. A row draws its denoiser from --seed and its
+        # chunk id, whatever batch and process it lands in. A step at a vanishing learning rate leaves
+        # the weights as they started, so one process with twice the batch must evaluate to the same losses.
         with tempfile.TemporaryDirectory() as out:
             args = pretrain_args(out, "--objective", "ul2", "--max_seq_length", "32", "--max_steps", "1",
                                  "--learning_rate", "1e-12", "--max_eval_samples", "24",
@@ -252,6 +261,29 @@ class UL2TwoProcessTest(absltest.TestCase):
 def _drop(args, flag):
     i = args.index(flag)
     return args[:i] + args[i + 2:]
+
+
+class LoadersTest(absltest.TestCase):
+    def test_a_chunk_draws_a_new_mask_every_epoch(self):
+        # A chunk's mask is a function of --seed and its idx: the training loader numbers chunks per epoch, so
+        # that every epoch masks them anew (and a resumed run, in the same epoch, draws the same).
+        config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
+            "unused", "--max_seq_length", "32", "--per_device_train_batch_size", "4"))
+        tokenizer = pre_train_t5.load_tokenizer_and_model(config)[0]
+        collator = pre_train_t5.build_collator(config, tokenizer)
+        chunks = np.arange(12 * collator.raw_length).reshape(12, collator.raw_length) % 900 + 5
+        packed = datasets.Dataset.from_dict({"input_ids": chunks, "idx": np.arange(12)}).with_format("numpy")
+        train = pre_train_t5.build_loaders(config, packed, packed, collator)[0]
+
+        def epoch(number):  # each chunk's corrupted input, by the chunk's first token
+            train.sampler.set_epoch(number)
+            return {int(row[0]): row.tolist() for batch in train for row in batch["input_ids"]}
+
+        first, second = epoch(0), epoch(1)
+        self.assertEqual(sorted(first), sorted(chunks[:, 0].tolist()))  # every chunk, once
+        self.assertEqual(sorted(second), sorted(first))
+        self.assertGreaterEqual(sum(first[k] != second[k] for k in first), 10)  # a few masks may repeat by chance
+        self.assertEqual(epoch(1), second)
 
 
 class ConfigsTest(parameterized.TestCase):

@@ -4,6 +4,8 @@ A checkpoint records its data position in rows of the epoch and the batch layout
 with (t5_training.resume.continue_with_layout). These runs resume an uninterrupted run's step-2
 checkpoint under another per-device batch, accumulation or number of processes, and compare
 every later step's loss with the uninterrupted run's, on the CPU, where both are deterministic.
+Pretraining draws each row's mask, prefix split and denoiser from (seed, the row's chunk id), so
+its resumed runs repeat the losses too.
 """
 import os
 import subprocess
@@ -14,6 +16,7 @@ from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 
 import fine_tune_t5
+import pre_train_t5
 from t5_training import run_dir
 from t5_training.errors import UsageError
 from tests import fixtures
@@ -75,6 +78,23 @@ class ResumeWithAnotherSplitTest(fixtures.TempDirTestCase):
                                                       "--resume_from_checkpoint", os.path.join(full, "step-000002")))
         self.assertNotIn("\n", str(raised.exception))
         self.assertEqual(fixtures.snapshot(self.dir), before)  # nothing written, not even the new folder
+
+
+class PretrainingResumeWithAnotherSplitTest(fixtures.TempDirTestCase):
+
+    @parameterized.named_parameters(("span_corruption", "span_corruption"), ("prefix_lm", "prefix_lm"),
+                                    ("ul2", "ul2"))
+    def test_same_global_batch_continues_exactly(self, objective):
+        def args(output_dir, *extra):
+            return ["--config_name", fixtures.TINY_CONFIG, "--tokenizer_name", fixtures.tokenizer_dir(),
+                    "--train_file", fixtures.corpus_files()[1], "--output_dir", output_dir, "--objective", objective,
+                    "--max_seq_length", "32", "--max_eval_samples", "8", "--eval_steps", "0", "--warmup_steps", "1",
+                    *COMMON, *extra]
+
+        full, resumed = os.path.join(self.dir, "full"), os.path.join(self.dir, "resumed")
+        pre_train_t5.main(args(full, *_layout(8, 1)))
+        pre_train_t5.main(args(resumed, *_layout(4, 2), "--resume_from_checkpoint", os.path.join(full, "step-000002")))
+        _assert_continues_exactly(self, full, resumed)
 
 
 class ResumeOnFewerProcessesTest(absltest.TestCase):

@@ -4,7 +4,7 @@ from absl.testing import absltest
 import numpy as np
 
 import data_collator_t5 as dc
-from t5_training import span_masks
+from t5_training import row_keys, span_masks
 
 
 class RaggedMasksTest(absltest.TestCase):
@@ -38,6 +38,26 @@ class RaggedMasksTest(absltest.TestCase):
         self.assertLess(np.abs(counts / len(mask) - 1 / 36).max(), 0.005)
         reference = dc.random_spans_noise_mask(rows // 2, 10, 0.5, 5 / 3, np.random.default_rng(3))
         self.assertEqual({row.tobytes() for row in mask}, {row.tobytes() for row in reference})
+
+    def test_a_rows_mask_is_its_keys_alone(self):
+        # Rows of three shapes: a row keeps its mask beside other rows, and rows of one shape get exactly
+        # the collator's masks from the same keys (both cut the first distinct gaps a row draws).
+        shapes = np.array([(567, 85, 28), (765, 382, 127), (10, 5, 5)] * 4)
+        keys = row_keys.row_keys(5, np.arange(len(shapes)))
+
+        def masks(rows):
+            flat = span_masks.random_spans_noise_masks(keys[rows], *shapes[rows].T)
+            return np.split(flat, np.cumsum(shapes[rows, 0])[:-1])
+
+        together = masks(np.arange(len(shapes)))
+        for rows in ([3, 0], [11, 7, 2], [4]):
+            for row, mask in zip(rows, masks(np.array(rows))):
+                np.testing.assert_array_equal(mask, together[row])
+        for shape in range(3):
+            rows = np.arange(shape, len(shapes), 3)
+            length, noise, spans = shapes[shape]
+            same = dc.random_spans_noise_mask(len(rows), length, noise / length, noise / spans, keys[rows])
+            np.testing.assert_array_equal(same, np.stack([together[row] for row in rows]))
 
 
 if __name__ == "__main__":
