@@ -52,7 +52,8 @@ def find_batch_size(accelerator: Accelerator, config: C, model: torch.nn.Module,
             model.zero_grad(set_to_none=True)
         return batch_size
 
-    forked = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    # The device the run uses, not the host's: a CPU run on a GPU host must not touch the GPU.
+    forked = [torch.cuda.current_device()] if accelerator.device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked):
         try:
             found = probe()

@@ -17,21 +17,23 @@ import numpy as np
 import torch
 
 from constants import PackageCorpus, TaskEntry
+from t5_training.device import runs_on_cuda
 from t5_training.errors import UsageError
 from t5_training.resume import batch_layout, global_batch
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
 from t5_training.table_files import read_original_file, read_table_file
 from t5_training.tasks import kind_of, make_formatter, make_label_normalizer, required_columns
 
-# Batches are padded to their longest row, rounded up to this multiple on a GPU only: tensor
+# Batches are padded to their longest row, rounded up to this multiple in a process that trains
+# on a GPU only (device.runs_on_cuda; a CPU process on a GPU host does not): tensor
 # cores tile by 8, and fewer distinct shapes mean fewer kernel autotunes and compiled graphs.
 # On a CPU the rounding is pure waste: a 2-token SST-2 target would cost 8 decoder positions.
 GPU_PAD_MULTIPLE = 8
 
 
 def pad_multiple() -> int:
-    """The multiple batch widths are rounded up to on this machine; see GPU_PAD_MULTIPLE."""
-    return GPU_PAD_MULTIPLE if torch.cuda.is_available() else 1
+    """The multiple batch widths are rounded up to on this process's device; see GPU_PAD_MULTIPLE."""
+    return GPU_PAD_MULTIPLE if runs_on_cuda() else 1
 
 
 def load_splits(
@@ -335,10 +337,10 @@ def loader_workers(config, persistent: bool = True) -> dict:
     """DataLoader arguments for `--dataloader_num_workers`, with pinned memory when batches go to a GPU.
 
     Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; on a CPU-only
-    machine it would only cost time. Workers stay alive across epochs (`persistent`), since
+    process (on any host) it would only cost time. Workers stay alive across epochs (`persistent`), since
     starting them again each epoch costs a fork and a re-import per worker; a stream that is
     told its epoch through its dataset needs fresh workers, which copy the dataset anew.
     """
     workers = config.dataloader_num_workers
-    return {"num_workers": workers, "pin_memory": torch.cuda.is_available(),
+    return {"num_workers": workers, "pin_memory": runs_on_cuda(),
             "persistent_workers": persistent and workers > 0}

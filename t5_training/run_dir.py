@@ -24,6 +24,7 @@ import shutil
 import torch
 
 from t5_training import adapters, agreement, checkpoint, reporting, resume as layouts
+from t5_training.device import runs_on_cuda
 from t5_training.errors import DivergedError, UsageError, WriteError
 
 RESULTS_FILES = {"train": "train_results.json", "eval": "eval_results.json"}
@@ -153,7 +154,9 @@ def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # Sharded weights (ZeRO-3, FSDP) differ between processes: all must take the same
         # decision, or one would raise while the others wait in the next collective.
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        # A GPU run's group is NCCL, which takes GPU tensors only (a ZeRO-offloaded shard sits on
+        # the CPU); a CPU run's is gloo, also on a GPU host.
+        device = torch.device("cuda", torch.cuda.current_device()) if runs_on_cuda() else "cpu"
         flag = finite.to(device=device, dtype=torch.int32)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
         finite = flag.bool()

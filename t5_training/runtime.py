@@ -1,7 +1,7 @@
 """Where a run executes: the Accelerator, the trackers, and everything `prepare` hands to the loop.
 
-`build_accelerator` picks the machine's setup (GPU or CPU, gloo, DeepSpeed on CPU, mixed
-precision); `prepare` builds the optimizer and schedule and lets accelerate wrap the model and
+`build_accelerator` picks the setup of the device this process trains on (GPU or CPU, gloo,
+DeepSpeed on CPU, mixed precision); `prepare` builds the optimizer and schedule and lets accelerate wrap the model and
 loaders, returning them together as a `Prepared` run; `close` ends it on every process.
 """
 from __future__ import annotations
@@ -16,37 +16,36 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedType, Gradient
                               InitProcessGroupKwargs, TorchDynamoPlugin)
 
 from t5_training.config import TrainingConfig, config_for_trackers
+from t5_training.device import runs_on_cuda, settle_cpu_run
 from t5_training.errors import UsageError
 from t5_training.modeling import model_summary
 from t5_training.optim import build_optimizer, build_scheduler
 
 
 def resolve_mixed_precision(requested: str) -> str:
-    """'auto' is bf16 where a GPU supports it and fp32 ('no') elsewhere: CPUs here lack bf16 units."""
+    """'auto' is bf16 where this process trains on a GPU that supports it, and fp32 ('no') elsewhere:
+    CPUs here lack bf16 units, also on a GPU host (see device.runs_on_cuda)."""
     if requested != "auto":
         return requested
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return "bf16" if runs_on_cuda() and torch.cuda.is_bf16_supported() else "no"
 
 
 def build_accelerator(config: TrainingConfig) -> Accelerator:
-    """An Accelerator for this machine: gloo and `cpu=True` when there is no GPU.
+    """An Accelerator for the device this process trains on: gloo and `cpu=True` off a GPU.
 
-    Under `accelerate launch` with a DeepSpeed config, DeepSpeed runs on the CPU itself; there
-    accelerate's `cpu=True` (or ACCELERATE_USE_CPU, which the Slurm scripts set on CPU nodes)
-    would silently drop DeepSpeed and train plain DDP, so it is turned off.
+    A process trains on the CPU where the host has no GPU or ACCELERATE_USE_CPU (which the Slurm
+    scripts set on CPU nodes) says so (device.runs_on_cuda). Under `accelerate launch` with a
+    DeepSpeed config, DeepSpeed then runs on the CPU itself (device.settle_cpu_run).
     """
-    on_cpu = not torch.cuda.is_available()
+    on_cpu = not runs_on_cuda()
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     if on_cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         # accelerate enables FSDP only on GPU-like devices; on a CPU it would train plain DDP.
         raise UsageError("FSDP needs GPUs (accelerate does not run it on CPUs); on CPUs shard with --config_file "
                          "accelerate_configs/deepspeed_zero3.yaml, or train data-parallel with --multi_gpu")
     if on_cpu:
-        # DeepSpeed otherwise probes for a GPU and warns on every import.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        if deepspeed:
-            os.environ["ACCELERATE_USE_CPU"] = "false"
-    if torch.cuda.is_available():
+        settle_cpu_run(deepspeed)
+    else:
         # TF32 tensor cores for fp32 matmuls: about 8x the fp32 rate at a 10-bit mantissa,
         # which training tolerates (the weights and their updates stay fp32).
         torch.backends.cuda.matmul.allow_tf32 = True

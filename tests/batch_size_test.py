@@ -12,6 +12,7 @@ from t5_training import batch_size, run_dir
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 from tests import fixtures
+from tests.simulated_gpu import gpu_host
 
 
 def _tiny_model():
@@ -53,6 +54,16 @@ class FindBatchSizeTest(absltest.TestCase):
         self.assertEqual(config.per_device_train_batch_size, 12)  # a new config; the old one is untouched
         self.assertTrue(torch.equal(torch.get_rng_state(), before), "the probe drew from the global RNG")
         self.assertTrue(all(p.grad is None for p in model.parameters()))
+
+    def test_a_cpu_process_on_a_gpu_host_touches_no_gpu(self):
+        # The probe's RNG is forked on the device the run uses, not on whatever the host has: here
+        # torch claims a GPU that does not exist, so touching it would raise.
+        from accelerate import Accelerator
+        accelerator = Accelerator(cpu=True)
+        config = TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)
+        with gpu_host(ACCELERATE_USE_CPU="1"):
+            found = batch_size.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=2))
+        self.assertEqual(found.per_device_train_batch_size, 2)
 
     def test_help_says_it_steps_through_divisors(self):
         import dataclasses

@@ -12,7 +12,9 @@ import datasets
 import torch
 
 from tests import fixtures
+from tests.simulated_gpu import gpu_host
 from t5_training import data, modeling, tasks
+from t5_training.config import TrainingConfig
 from t5_training.tools import tokenizer as tokenizer_lib
 from t5_training.errors import UsageError
 
@@ -447,6 +449,15 @@ class CollatorTest(parameterized.TestCase):
         # the decoder work.
         self.assertEqual(data.pad_multiple(), data.GPU_PAD_MULTIPLE if torch.cuda.is_available() else 1)
         self.assertEqual(data.GPU_PAD_MULTIPLE, 8)
+
+    @parameterized.named_parameters(("gpu_process", {}, data.GPU_PAD_MULTIPLE, True),
+                                    ("cpu_process", {"ACCELERATE_USE_CPU": "1"}, 1, False))
+    def test_padding_and_pinning_follow_the_device_in_use(self, env, multiple, pinned):
+        # A CPU process on a GPU host (ACCELERATE_USE_CPU=1, as the Slurm scripts set on CPU nodes)
+        # gains nothing from either.
+        with gpu_host(**env):
+            self.assertEqual(data.pad_multiple(), multiple)
+            self.assertEqual(data.loader_workers(TrainingConfig(output_dir="unused"))["pin_memory"], pinned)
 
     def test_decoder_inputs_are_shifted_labels(self):
         labels = torch.tensor([[11, 12, 13, 1], [21, 1, -100, -100]])

@@ -15,6 +15,7 @@ from t5_training import checkpoint, loop, mixture, run_dir, submission
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError, UsageError
 from tests import fixtures
+from tests.simulated_gpu import gpu_host
 
 
 def _write(path, value):
@@ -76,6 +77,20 @@ class SaveTest(absltest.TestCase):
             with self.assertRaisesRegex(DivergedError, "not finite at step 3, so they were not saved"):
                 run_dir.save(mock.Mock(), TrainingConfig(output_dir=out), model, None, loop.TrainState(step=3))
             self.assertEqual(os.listdir(out), [])
+
+    def test_a_cpu_run_on_a_gpu_host_agrees_over_the_cpu(self):
+        # Its processes' group is gloo: the flag they agree on stays on the CPU, not on the host's GPU
+        # (which torch claims here and does not have, so touching it would raise).
+        def all_reduce(flag, op):
+            self.assertEqual(flag.device.type, "cpu")
+            flag.zero_()  # another process found a non-finite weight
+
+        with gpu_host(ACCELERATE_USE_CPU="1"), mock.patch("torch.distributed.is_initialized", return_value=True), \
+                mock.patch("torch.distributed.get_world_size", return_value=2), \
+                mock.patch("torch.distributed.all_reduce", side_effect=all_reduce) as reduced:
+            with self.assertRaisesRegex(DivergedError, "not finite at here"):
+                run_dir.ensure_finite_weights(torch.nn.Linear(2, 2), "here")
+        reduced.assert_called_once()
 
     def test_rotation_keeps_the_best_checkpoint_beside_the_newest(self):
         # save_total_limit 1 keeps only the newest, except the best evaluation's checkpoint, which

@@ -1,4 +1,7 @@
-"""Tests for t5_training.runtime: preparing a run, and its length."""
+"""Tests for t5_training.runtime: the machine's setup, preparing a run, and its length."""
+import os
+from unittest import mock
+
 import torch
 import transformers
 from absl.testing import absltest
@@ -6,6 +9,8 @@ from absl.testing import parameterized
 
 from t5_training import runtime
 from t5_training.config import TrainingConfig
+from t5_training.errors import UsageError
+from tests.simulated_gpu import gpu_host
 
 
 class TotalStepsTest(parameterized.TestCase):
@@ -18,6 +23,52 @@ class TotalStepsTest(parameterized.TestCase):
     def test_total_train_steps(self, kwargs, batches_per_epoch, expected):
         self.assertEqual(runtime.total_train_steps(TrainingConfig(**kwargs), batches_per_epoch), expected)
 
+class DeviceInUseTest(parameterized.TestCase):
+    """On a GPU host, a process told to use the CPU (the Slurm scripts' ACCELERATE_USE_CPU=1) is a CPU run."""
+
+    @parameterized.named_parameters(
+        ("gpu_process", {}, "bf16"),
+        ("cpu_process", {"ACCELERATE_USE_CPU": "1"}, "no"),
+        ("cpu_process_spelled_true", {"ACCELERATE_USE_CPU": "true"}, "no"),
+        ("cpu_asked_off", {"ACCELERATE_USE_CPU": "false"}, "bf16"),
+    )
+    def test_auto_precision_follows_the_device_in_use(self, env, expected):
+        with gpu_host(**env):
+            self.assertEqual(runtime.resolve_mixed_precision("auto"), expected)
+            self.assertEqual(runtime.resolve_mixed_precision("fp16"), "fp16")  # asked for, kept
+
+    def _built_with(self, **env) -> dict:
+        """The arguments build_accelerator gives accelerate on a GPU host, without building anything there."""
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        self.addCleanup(setattr, torch.backends.cudnn, "allow_tf32", tf32[1])
+        self.addCleanup(setattr, torch.backends.cuda.matmul, "allow_tf32", tf32[0])
+        with gpu_host(**env), mock.patch.object(runtime, "Accelerator") as accelerator:
+            runtime.build_accelerator(TrainingConfig(output_dir="unused"))
+            self.environ = dict(os.environ)
+        return accelerator.call_args.kwargs
+
+    def test_a_gpu_process_trains_on_the_gpu_in_bf16(self):
+        built = self._built_with()
+        self.assertEqual((built["cpu"], built["mixed_precision"], built["kwargs_handlers"]), (False, "bf16", []))
+        self.assertNotIn("DS_ACCELERATOR", self.environ)
+
+    def test_a_cpu_process_on_a_gpu_host_trains_on_the_cpu_in_fp32(self):
+        built = self._built_with(ACCELERATE_USE_CPU="1")
+        self.assertEqual((built["cpu"], built["mixed_precision"]), (True, "no"))
+        self.assertEqual(self.environ["DS_ACCELERATOR"], "cpu")
+
+    def test_deepspeed_on_the_cpu_of_a_gpu_host_keeps_deepspeed_and_the_cpu(self):
+        # ACCELERATE_USE_CPU would make accelerate drop DeepSpeed; without it accelerate would pick
+        # the GPU, so the device is named instead, and the processes talk over gloo.
+        built = self._built_with(ACCELERATE_USE_CPU="1", ACCELERATE_USE_DEEPSPEED="true", WORLD_SIZE="2")
+        self.assertEqual((built["cpu"], built["mixed_precision"]), (False, "no"))
+        self.assertEqual([h.backend for h in built["kwargs_handlers"]], ["gloo"])
+        self.assertEqual((self.environ["ACCELERATE_USE_CPU"], self.environ["ACCELERATE_TORCH_DEVICE"],
+                          self.environ["DS_ACCELERATOR"]), ("false", "cpu", "cpu"))
+
+    def test_fsdp_on_the_cpu_of_a_gpu_host_is_refused(self):
+        with self.assertRaisesRegex(UsageError, "FSDP needs GPUs"):
+            self._built_with(ACCELERATE_USE_CPU="1", ACCELERATE_USE_FSDP="true")
 
 
 class PrepareTest(absltest.TestCase):

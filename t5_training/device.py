@@ -1,0 +1,38 @@
+"""Whether this process trains on a CUDA GPU: the one answer that precision, padding, pinning and
+DeepSpeed's setup follow.
+
+A host's GPUs are not the device a process uses: the Slurm scripts set ACCELERATE_USE_CPU=1 on
+CPU nodes, which may have GPUs too, and tests build `Accelerator(cpu=True)`. Asking
+`torch.cuda.is_available()` alone would give such a CPU run bf16, batches padded for tensor cores
+and pinned memory, none of which a CPU gains from.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from accelerate.utils import parse_flag_from_env
+
+
+def runs_on_cuda(cpu: bool = False) -> bool:
+    """True when this process trains on a CUDA GPU: the host has one, and neither `cpu` (accelerate's
+    `cpu=True`), ACCELERATE_USE_CPU nor ACCELERATE_TORCH_DEVICE asks for another device."""
+    if cpu or not torch.cuda.is_available() or parse_flag_from_env("ACCELERATE_USE_CPU"):
+        return False
+    named = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    return named is None or torch.device(named).type == "cuda"
+
+
+def settle_cpu_run(deepspeed: bool) -> None:
+    """Sets the environment of a process that trains on the CPU, before its Accelerator is built.
+
+    Under DeepSpeed, ACCELERATE_USE_CPU (or `cpu=True`) would make accelerate silently drop
+    DeepSpeed and train plain DDP, so it is turned off; on a host with GPUs accelerate would then
+    pick a GPU, so the CPU is named as the device instead, which `runs_on_cuda` reads as well.
+    """
+    # DeepSpeed otherwise probes for a GPU and warns on every import.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if deepspeed:
+        os.environ["ACCELERATE_USE_CPU"] = "false"
+        if torch.cuda.is_available():
+            os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"

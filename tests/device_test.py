@@ -1,0 +1,37 @@
+"""Tests for t5_training.device: whether this process trains on a CUDA GPU."""
+import os
+
+from absl.testing import absltest, parameterized
+
+from t5_training import device
+from tests.simulated_gpu import gpu_host
+
+
+class RunsOnCudaTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("gpu_process", {}, False, True),
+        ("cpu_flag", {}, True, False),
+        ("cpu_variable", {"ACCELERATE_USE_CPU": "yes"}, False, False),
+        ("cpu_variable_off", {"ACCELERATE_USE_CPU": "0"}, False, True),
+        ("cpu_named", {"ACCELERATE_TORCH_DEVICE": "cpu"}, False, False),
+        ("gpu_named", {"ACCELERATE_TORCH_DEVICE": "cuda:1"}, False, True),
+    )
+    def test_on_a_gpu_host(self, env, cpu, expected):
+        with gpu_host(**env):
+            self.assertEqual(device.runs_on_cuda(cpu=cpu), expected)
+
+    def test_a_deepspeed_cpu_run_stays_a_cpu_run_once_settled(self):
+        # settle_cpu_run turns ACCELERATE_USE_CPU off for DeepSpeed's sake; the answer must not flip
+        # for what reads it later (the loaders' padding and pinning).
+        with gpu_host(ACCELERATE_USE_CPU="1"):
+            device.settle_cpu_run(deepspeed=True)
+            self.assertEqual(os.environ["ACCELERATE_USE_CPU"], "false")
+            self.assertFalse(device.runs_on_cuda())
+        with gpu_host(ACCELERATE_USE_CPU="1"):
+            device.settle_cpu_run(deepspeed=False)
+            self.assertEqual((os.environ["ACCELERATE_USE_CPU"], os.environ["DS_ACCELERATOR"]), ("1", "cpu"))
+            self.assertNotIn("ACCELERATE_TORCH_DEVICE", os.environ)
+
+
+if __name__ == "__main__":
+    absltest.main()
