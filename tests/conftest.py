@@ -5,8 +5,18 @@ cores / workers OpenMP threads. Left at torch's default, two workers on two core
 threads, and a thread that waits at the end of a parallel region for one that was descheduled
 stalls the whole step: measured here, a t5-small step took 7-20 s instead of 2 s. An explicit
 OMP_NUM_THREADS is kept.
+
+The suite runs on the CPU on any host: GPUs are hidden from the test processes and every process
+they start, unless T5_TRAINING_TEST_DEVICE=cuda asks for them (docs/development.md). Otherwise a
+GPU host would train some tests' runs on the GPU in bf16 against tolerances set for fp32, and one
+process would mix `Accelerator(cpu=True)` with GPU Accelerators, which accelerate refuses.
 """
 import os
+
+if os.environ.get("T5_TRAINING_TEST_DEVICE") != "cuda":
+    # Read when CUDA first starts, not when torch is imported; nothing has started it before the
+    # conftest (tests/__init__.py, imported first, does not import torch).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
