@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(PreTrainConfig, argv)
     resume_path = run_dir.check_output_dir(config)
-    accelerator = runtime.build_accelerator(config)
+    accelerator = runtime.build_accelerator(config, fixed_shapes=fixed_batch_shapes(config))
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     collator = build_collator(config, tokenizer)
@@ -141,6 +141,12 @@ def main(argv: list[str] | None = None) -> dict:
     results = run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
     runtime.close(accelerator)
     return results
+
+
+def fixed_batch_shapes(config: PreTrainConfig) -> bool:
+    """Whether every batch has one shape, for --torch_compile: span corruption's and the prefix LM's
+    rows are as wide as their chunk; UL2 pads targets to the longest of the denoisers a batch drew."""
+    return config.objective != "ul2"
 
 
 def build_collator(config: PreTrainConfig, tokenizer):

@@ -30,8 +30,11 @@ def resolve_mixed_precision(requested: str) -> str:
     return "bf16" if runs_on_cuda() and torch.cuda.is_bf16_supported() else "no"
 
 
-def build_accelerator(config: TrainingConfig) -> Accelerator:
+def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> Accelerator:
     """An Accelerator for the device this process trains on: gloo and `cpu=True` off a GPU.
+
+    `fixed_shapes` says that every training batch has one shape (pretraining's packed chunks), so
+    that `--torch_compile` compiles static graphs instead of symbolic ones.
 
     A process trains on the CPU where the host has no GPU or ACCELERATE_USE_CPU (which the Slurm
     scripts set on CPU nodes) says so (device.runs_on_cuda). Under `accelerate launch` with a
@@ -64,7 +67,7 @@ def build_accelerator(config: TrainingConfig) -> Accelerator:
         project_dir=config.output_dir,
         # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
-        dynamo_plugin=_dynamo_plugin(config),
+        dynamo_plugin=_dynamo_plugin(config, fixed_shapes),
     )
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -78,14 +81,16 @@ def build_accelerator(config: TrainingConfig) -> Accelerator:
     return accelerator
 
 
-def _dynamo_plugin(config: TrainingConfig) -> TorchDynamoPlugin | None:
+def _dynamo_plugin(config: TrainingConfig, fixed_shapes: bool) -> TorchDynamoPlugin | None:
     """`--torch_compile`: accelerate compiles the model in `prepare` and unwraps it for saving."""
     if not config.torch_compile:
         return None
     try:
-        # Padded lengths vary from batch to batch: compile for symbolic shapes at once rather
-        # than recompiling for every new length.
-        return TorchDynamoPlugin(backend=config.torch_compile_backend, dynamic=True)
+        # Where padded lengths vary from batch to batch, compile for symbolic shapes at once rather
+        # than recompiling for every new length. Where batches have one shape, torch's default
+        # (None) compiles static graphs, and makes a dimension symbolic only once it changes (an
+        # epoch's last, smaller batch), not a new graph for every size.
+        return TorchDynamoPlugin(backend=config.torch_compile_backend, dynamic=None if fixed_shapes else True)
     except (ValueError, KeyError):
         raise UsageError(f"--torch_compile_backend {config.torch_compile_backend!r} is not a torch.compile backend; "
                          "use inductor (the default) or aot_eager") from None

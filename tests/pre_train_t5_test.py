@@ -286,6 +286,29 @@ class LoadersTest(absltest.TestCase):
         self.assertEqual(epoch(1), second)
 
 
+class CompileShapesTest(parameterized.TestCase):
+    @parameterized.named_parameters(("span_corruption", "span_corruption", True), ("prefix_lm", "prefix_lm", True),
+                                    ("ul2", "ul2", False))
+    def test_batch_shapes_are_fixed_where_compile_is_told_so(self, objective, fixed):
+        # --torch_compile compiles static graphs only for objectives whose batches all have one
+        # shape (runtime.build_accelerator); UL2 pads targets to the longest denoiser drawn.
+        config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
+            "unused", "--max_seq_length", "32", "--objective", objective))
+        self.assertEqual(pre_train_t5.fixed_batch_shapes(config), fixed)
+        if fixed:
+            collator = pre_train_t5.build_collator(config, pre_train_t5.load_tokenizer_and_model(config)[0])
+            rng = np.random.default_rng(0)
+            shapes = {tuple((k, tuple(v.shape)) for k, v in sorted(collator(
+                [{"input_ids": rng.integers(5, 900, collator.raw_length), "idx": i} for i in range(4)]).items()))
+                for _ in range(5)}
+            self.assertLen(shapes, 1)
+        with tempfile.TemporaryDirectory() as out, \
+                mock.patch.object(pre_train_t5.runtime, "build_accelerator", side_effect=RuntimeError("built")) as build:
+            with self.assertRaisesRegex(RuntimeError, "built"):
+                pre_train_t5.main(pretrain_args(out, "--objective", objective))
+        self.assertEqual(build.call_args.kwargs, {"fixed_shapes": fixed})
+
+
 class ConfigsTest(parameterized.TestCase):
     def test_shipped_mixture_is_ul2s(self):
         shipped, rates = denoisers.read_mixture(os.path.join(fixtures.REPO, "configs", "denoisers", "ul2.yaml"))

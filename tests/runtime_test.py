@@ -70,6 +70,24 @@ class DeviceInUseTest(parameterized.TestCase):
         with self.assertRaisesRegex(UsageError, "FSDP needs GPUs"):
             self._built_with(ACCELERATE_USE_CPU="1", ACCELERATE_USE_FSDP="true")
 
+class CompileTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        # Pretraining's batches all have one shape: static graphs, marked dynamic only where a
+        # shape changes (torch's default), such as an epoch's last, smaller batch.
+        ("fixed_shapes", True, None),
+        # Fine-tuning pads each batch to its longest row: symbolic lengths at once, not a
+        # recompile for every new length.
+        ("varying_shapes", False, True),
+    )
+    def test_dynamic_shapes_only_where_batch_shapes_vary(self, fixed_shapes, dynamic):
+        config = TrainingConfig(output_dir="unused", torch_compile=True)
+        with mock.patch.dict(os.environ), mock.patch.object(runtime, "Accelerator") as accelerator:
+            os.environ.pop("ACCELERATE_DYNAMO_USE_DYNAMIC", None)  # an accelerate config's choice
+            runtime.build_accelerator(config, fixed_shapes=fixed_shapes)
+        plugin = accelerator.call_args.kwargs["dynamo_plugin"]
+        self.assertEqual((plugin.backend.value.lower(), plugin.dynamic), ("inductor", dynamic))
+        self.assertEqual("dynamic" in plugin.to_kwargs(), dynamic is not None)
+
 
 class PrepareTest(absltest.TestCase):
     def test_the_config_accumulation_reaches_accelerate_and_the_run_has_its_length(self):
