@@ -24,9 +24,9 @@ from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
 from t5_training.table_files import read_original_file, read_table_file
 from t5_training.tasks import kind_of, make_formatter, make_label_normalizer, required_columns
 
-# Batches are padded to their longest row, rounded up to this multiple in a process that trains
-# on a GPU only (device.runs_on_cuda; a CPU process on a GPU host does not): tensor
-# cores tile by 8, and fewer distinct shapes mean fewer kernel autotunes and compiled graphs.
+# Batches are padded to their longest row, rounded up to this multiple in a GPU run only (not a
+# CPU run on a GPU host; device.runs_on_cuda): tensor cores tile by 8, and fewer distinct shapes
+# mean fewer kernel autotunes and compiled graphs.
 # On a CPU the rounding is pure waste: a 2-token SST-2 target would cost 8 decoder positions.
 GPU_PAD_MULTIPLE = 8
 
@@ -336,8 +336,8 @@ def make_longest_batch(train: datasets.Dataset, tokenizer, decoder_start_token_i
 def loader_workers(config, persistent: bool = True) -> dict:
     """DataLoader arguments for `--dataloader_num_workers`, with pinned memory when batches go to a GPU.
 
-    Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; on a CPU-only
-    process (on any host) it would only cost time. Workers stay alive across epochs (`persistent`), since
+    Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; in a CPU run
+    (on any host) it would only cost time. Workers stay alive across epochs (`persistent`), since
     starting them again each epoch costs a fork and a re-import per worker; a stream that is
     told its epoch through its dataset needs fresh workers, which copy the dataset anew.
     """
