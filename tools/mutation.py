@@ -1,16 +1,16 @@
 """Mutation testing of core modules, each against its own test files only (pyproject.toml, [tool.mutmut]).
 
     python tools/mutation.py t5_training/step.py t5_training/losses.py    # tests/step_test.py, tests/losses_test.py
-    python tools/mutation.py --tests tests/x_test.py t5_training/x.py
+    python tools/mutation.py --tests tests/x_test.py --tests tests/y_test.py t5_training/x.py
     python tools/mutation.py --not-killed t5_training/step.py t5_training/losses.py   # after new tests or pragmas
 
 Mutates the files given (each must be in only_mutate) and runs only their tests: tests/NAME_test.py
-for each NAME.py that has one, or the files named with --tests. mutmut 3.8 takes the test
-selection from pyproject.toml alone, so it is set here in mutmut's loaded configuration; the
-processes mutmut starts are forked from this one and inherit it. Prints each file's counts at the
-end; `mutmut show MUTANT` shows one mutant's diff. mutants/ keeps the other modules' copies, so
-switching modules regenerates nothing; the results of a module are reset when another one runs
-(a new test selection invalidates them).
+for each NAME.py that has one, or the files named with --tests (one file per flag, repeated for
+more). mutmut 3.8 takes the test selection from pyproject.toml alone, so it is set here in mutmut's
+loaded configuration; the processes mutmut starts are forked from this one and inherit it. Prints
+each file's counts at the end; `mutmut show MUTANT` shows one mutant's diff. mutants/ keeps the
+other modules' copies, so switching modules regenerates nothing; the results of a module are reset
+when another one runs (a new test selection invalidates them).
 
 --not-killed reruns, of the same module's last run, only the mutants that did not die and those of
 functions changed since (mutmut regenerates a changed function's mutants with no result): a
@@ -24,14 +24,22 @@ import sys
 from pathlib import Path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(usage="python tools/mutation.py [--tests TEST_FILE ...] MODULE.py ...")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: the modules to mutate, and optionally their test files and the rerun switch."""
+    parser = argparse.ArgumentParser(
+        usage="python tools/mutation.py [--tests TEST_FILE [--tests TEST_FILE ...]] [--not-killed] MODULE.py ...")
     parser.add_argument("files", nargs="+", help="modules to mutate, as paths from the repository root")
-    parser.add_argument("--tests", nargs="+", help="test files to run (default: tests/NAME_test.py of each NAME.py)")
+    # One file per flag: a flag taking several would swallow the modules that follow it.
+    parser.add_argument("--tests", action="append", metavar="TEST_FILE",
+                        help="a test file to run, repeatable (default: tests/NAME_test.py of each NAME.py)")
     parser.add_argument("--max-children", default="1", help="mutants tested at once (default 1)")
     parser.add_argument("--not-killed", action="store_true",
                         help="rerun only the mutants the module's last run did not kill, and changed functions'")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     os.chdir(Path(__file__).resolve().parent.parent)  # mutmut reads pyproject.toml and writes mutants/ here
 
     from mutmut.configuration import config
