@@ -10,12 +10,13 @@ import accelerate
 import torch
 import transformers
 from absl.testing import absltest, parameterized
+from safetensors.torch import load_file
 
 import fine_tune_t5
 import pre_train_t5
 from t5_training import checkpoint, loop, mixture, reporting, run_dir, submission
 from t5_training.config import TrainingConfig
-from t5_training.errors import DivergedError, UsageError
+from t5_training.errors import DivergedError, UsageError, WriteError
 from tests import fixtures
 
 
@@ -108,6 +109,20 @@ class SaveTest(absltest.TestCase):
                              ["step-000002", "step-000006"])
             self.assertEqual(run_dir.read_state(out, step=2)["best_step"], 2)
 
+    def test_the_scheduler_and_an_adapters_weights_are_what_is_saved(self):
+        # An adapter run (--peft) checkpoints its trainable weights alone; the scheduler goes in as JSON.
+        with tempfile.TemporaryDirectory() as out:
+            accelerator = accelerate.Accelerator(cpu=True)
+            model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+            model[0].requires_grad_(False)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=1.0), lambda s: 1.0)
+            for _ in range(3):
+                scheduler.step()
+            config = types.SimpleNamespace(output_dir=out, save_total_limit=0, peft="lora")
+            path = run_dir.save(accelerator, config, model, scheduler, loop.TrainState(step=3))
+            self.assertEqual(run_dir.read_state(out)["scheduler"]["last_epoch"], 3)
+            self.assertEqual(sorted(load_file(os.path.join(path, "model.safetensors"))), ["1.bias", "1.weight"])
+
 
 def _main_process(processes: int = 1, main: bool = True):
     # What write_results and write_eval_results ask of accelerate; `printed` collects the table.
@@ -198,8 +213,29 @@ class FiniteWeightsTest(absltest.TestCase):
             param.ds_tensor = torch.ones(3)
         run_dir.ensure_finite_weights(model, "step 1")
         model.bias.ds_tensor = torch.tensor([1.0, float("nan")])
-        with self.assertRaisesRegex(DivergedError, "not finite at step 1"):
+        with self.assertRaises(DivergedError) as raised:
             run_dir.ensure_finite_weights(model, "step 1")
+        self.assertEqual(str(raised.exception), "the weights are not finite at step 1, so they were not saved; the last "
+                         "saved checkpoint is intact. Lower --learning_rate, or use --mixed_precision bf16 over fp16")
+
+    def test_on_gpus_the_flag_is_reduced_on_this_process_gpu(self):
+        # NCCL reduces CUDA tensors only: the flag goes to this process's device (no GPU needed to check that).
+        moved, to = [], torch.Tensor.to
+
+        def record(tensor, **where):
+            moved.append(where)
+            return to(tensor, dtype=where["dtype"])
+
+        with mock.patch.object(torch.distributed, "is_initialized", return_value=True), \
+                mock.patch.object(torch.distributed, "get_world_size", return_value=2), \
+                mock.patch.object(torch.distributed, "all_reduce") as reduce, \
+                mock.patch.object(torch.cuda, "is_available", return_value=True), \
+                mock.patch.object(torch.cuda, "current_device", return_value=3), \
+                mock.patch.object(torch.Tensor, "to", record):
+            run_dir.ensure_finite_weights(torch.nn.Linear(2, 2), "step 4")
+        self.assertEqual(moved, [{"device": torch.device("cuda", 3), "dtype": torch.int32}])
+        self.assertEqual(reduce.call_args.kwargs, {"op": torch.distributed.ReduceOp.MIN})
+        self.assertEqual(reduce.call_args.args[0].tolist(), 1)
 
     def _on_two_processes(self, others_finite: bool, world_size: int = 2):
         # torch.distributed as two processes see it: all_reduce(MIN) brings in the other's flag.
@@ -239,16 +275,37 @@ class ResumeIntoTest(fixtures.TempDirTestCase):
 
     def test_resuming_loads_the_checkpoint_and_deletes_nothing(self):
         before, checked = fixtures.snapshot(self.out), []
-        state = run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None,
-                               check=lambda state, path: checked.append((state.step, path)))
+        with mock.patch.object(self.accelerator, "print") as printed:
+            state = run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None,
+                                   check=lambda state, path: checked.append((state.step, path)))
+        printed.assert_called_once_with(f"resumed from {self.saved} at step 3")
         self.assertEqual((state.step, state.samples_in_epoch, state.losses), (3, 16, [3.0, 2.0, 1.0]))
         self.assertEqual(self.accelerator.step, 6)  # 3 steps x this run's 2 micro-batches
         self.assertEqual(checked, [(3, self.saved)])
         self.assertEqual(fixtures.snapshot(self.out), before)  # --overwrite_output_dir is not for a resumed run
 
+    def test_an_adapter_run_resumes_its_weights_and_its_scheduler(self):
+        model = self.accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+        model[0].requires_grad_(False)
+
+        def scheduler():
+            return torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=1.0), lambda s: 1.0)
+
+        config = types.SimpleNamespace(output_dir=self.out, overwrite_output_dir=False, save_total_limit=0, peft="lora",
+                                       per_device_train_batch_size=4, gradient_accumulation_steps=2)
+        saved = scheduler()
+        for _ in range(3):
+            saved.step()
+        # Its checkpoint holds the trainable weights alone: loading it whole would fail.
+        path = run_dir.save(self.accelerator, config, model, saved, loop.TrainState(step=5))
+        restored = scheduler()
+        run_dir.resume(self.accelerator, config, path, loop.TrainState(), restored)
+        self.assertEqual(restored.last_epoch, 3)
+
     def test_a_refused_checkpoint_leaves_no_trace(self):
         before = fixtures.snapshot(self.out)
-        with self.assertRaisesRegex(UsageError, "streamed its corpus over 2 processes, this run has 1"):
+        with self.assertRaisesRegex(UsageError, f"^checkpoint {self.saved} streamed its corpus over 2 processes, this "
+                                                "run has 1"):
             run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None, streaming=True)
         with self.assertRaisesRegex(UsageError, "the mixture changed"):
             run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None,
@@ -375,6 +432,30 @@ class OverwriteTest(fixtures.TempDirTestCase):
                                  resuming=False)
         self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS))
         self.assertEqual(fixtures.snapshot(elsewhere), before)
+
+    def test_each_file_of_a_list_flag_is_checked(self):
+        # pretraining's --train_file takes several files: the second lies in what starting over deletes.
+        inside = os.path.join(self.out, "mixture_rows.tsv")
+        config = types.SimpleNamespace(output_dir=self.out, overwrite_output_dir=True, resume_from_checkpoint=None,
+                                       train_file=[os.path.join(self.out, "notes.txt"), inside])
+        with self.assertRaisesRegex(UsageError, f"^--train_file {inside} lies in {inside}, which"):
+            run_dir.check_output_dir(config)
+
+    def test_a_folder_that_cannot_be_created_is_one_clear_error(self):
+        out = os.path.join(self.out, "notes.txt", "run")  # under a file: not even root can create it
+        with self.assertRaises(WriteError) as raised:
+            run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(out), resuming=False)
+        self.assertEqual(str(raised.exception), f"could not create or clear --output_dir {out} (Not a directory: "
+                         f"{out}); fix its permissions, or choose another --output_dir")
+
+    def test_a_link_to_a_tracker_folder_is_not_the_runs(self):
+        # A link the user made, though what it points to holds only tensorboard files: never taken for the run's.
+        logs = os.path.join(self.dir, "logs")
+        _write(os.path.join(logs, "events.out.tfevents.1700000000.host.1.0"), "theirs")
+        os.symlink(logs, os.path.join(self.out, "their-logs"))
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(self.out, overwrite_output_dir=True),
+                                 resuming=False)
+        self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS + ["their-logs/"]))
 
     def test_a_tracker_folder_holding_other_files_is_not_the_runs(self):
         _write(os.path.join(self.out, "t5-fine-tune", "plan.md"), "the user's")
