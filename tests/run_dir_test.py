@@ -131,10 +131,11 @@ def _main_process(processes: int = 1, main: bool = True):
 
 
 def _state(**values) -> loop.TrainState:
-    # 2 steps of 16 rows: 7 rows into epoch 1; 3.00049 s of optimizer steps (rounding shows in every figure).
+    # 2 steps of 16 rows: 7 rows into epoch 1; 2.50049 s of optimizer steps (rounding shows in every figure).
     values = {"step": 2, "epoch": 1, "samples_in_epoch": 7, "samples_seen": 16, "tokens_seen": 100,
-              "train_seconds": 3.00049, "losses": [3.0, 1.5, 1.5], "best_metric": 60.0, "best_step": 2,
-              "evals": [{"step": 1, "accuracy": 50.0}, {"step": 2, "accuracy": 60.0, "f1": 0.5}], **values}
+              "train_seconds": 2.50049, "losses": [3.0, 1.5, 1.5], "best_metric": 60.0, "best_step": 2,
+              "evals": [{"step": 1, "accuracy": 50.0}, {"step": 2, "accuracy": 60.0, "f1": 0.25},
+                        {"step": 3, "accuracy": 55.0, "f1": 0.5}], **values}
     return loop.TrainState(**values)
 
 
@@ -152,16 +153,17 @@ class WriteResultsTest(fixtures.TempDirTestCase):
     def test_train_and_eval_results(self):
         accelerator, printed = _main_process()
         results = run_dir.write_results(accelerator, self.config, _state(), loop.Objective("accuracy"), per_epoch=6)
-        train = {"train_loss": 2.0, "train_runtime": 3.0, "train_samples_per_second": 5.332,  # 16 / 3.00049
-                 "train_tokens_per_second": 33.328, "train_steps": 2, "train_tokens": 100, "train_samples": 16,
+        train = {"train_loss": 2.0, "train_runtime": 2.5, "train_samples_per_second": 6.399,  # 16 / 2.50049
+                 "train_tokens_per_second": 39.992, "train_steps": 2, "train_tokens": 100, "train_samples": 16,
                  "epoch": 1.2917}  # 1 + 7 rows of 6 micro-batches x 4 rows
-        evaluation = {"accuracy": 60.0, "f1": 0.5, "best_metric": 60.0, "best_step": 2, "metric_to_optimize": "accuracy"}
+        # The last evaluation's metrics (step 3), and the best (step 2's) as the state recorded it.
+        evaluation = {"accuracy": 55.0, "f1": 0.5, "best_metric": 60.0, "best_step": 2, "metric_to_optimize": "accuracy"}
         self.assertEqual(results, {"train": train, "eval": evaluation})
         self.assertEqual(run_dir.read_final_eval(self.dir), evaluation)
         self.assertEqual(_read(self.dir, "train_results.json"), train)
         self.plot.assert_called_once_with(os.path.join(self.dir, "loss_curve.png"),
                                           {"training loss": {"train": [3.0, 1.5, 1.5]}})
-        rows = [{"metric": "accuracy", "value": 60.0}, {"metric": "f1", "value": 0.5}]
+        rows = [{"metric": "accuracy", "value": 55.0}, {"metric": "f1", "value": 0.5}]
         self.assertEqual(printed, [reporting.format_table(rows + [{"metric": k, "value": v} for k, v in train.items()])])
 
     def test_processes_count_in_the_epoch(self):
@@ -184,7 +186,7 @@ class WriteResultsTest(fixtures.TempDirTestCase):
     def test_only_the_main_process_writes(self):
         accelerator, printed = _main_process(main=False)
         results = run_dir.write_results(accelerator, self.config, _state(), loop.Objective("accuracy"), per_epoch=6)
-        self.assertEqual(results["eval"]["accuracy"], 60.0)
+        self.assertEqual(results["eval"]["accuracy"], 55.0)
         self.assertEqual(run_dir.write_eval_results(accelerator, self.dir, {"accuracy": 1.0}), {"accuracy": 1.0})
         self.assertEqual((os.listdir(self.dir), printed), ([], []))
         self.plot.assert_not_called()
