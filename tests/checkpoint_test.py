@@ -1,5 +1,6 @@
 """Tests for t5_training.checkpoint: atomic saves, resuming, rotation, output folders and exports."""
 
+import collections
 import json
 import os
 import tempfile
@@ -10,11 +11,13 @@ from absl.testing import parameterized
 import accelerate
 import torch
 import transformers
+from accelerate.utils import DistributedType
+from safetensors.torch import load_file
 
 from t5_training import checkpoint
 from t5_training import optim
 from t5_training.config import TrainingConfig
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, WriteError
 from t5_training.loop import TrainState
 from tests import fixtures
 
@@ -446,6 +449,130 @@ class ExportModelTest(_TmpDirTest):
         self.assertNotIn("stale.txt", os.listdir(path))
         loaded = transformers.T5ForConditionalGeneration.from_pretrained(path)
         torch.testing.assert_close(loaded.shared.weight, model.shared.weight, rtol=0, atol=0)
+
+
+_Usage = collections.namedtuple("_Usage", "total used free")
+
+
+class WriteFailureTest(_TmpDirTest):
+    """A write that fails (a full disk, a read-only folder) ends in one WriteError and leaves nothing half-written."""
+
+    def setUp(self):
+        super().setUp()
+        self.accelerator = accelerate.Accelerator(cpu=True)
+        # 1.5 MiB free wherever asked: the message reports it to one decimal.
+        patcher = mock.patch.object(checkpoint.shutil, "disk_usage", return_value=_Usage(0, 0, 3 * 2**19))
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def _save_failing(self, step, error):
+        with mock.patch.object(self.accelerator, "save_state", side_effect=error):
+            return checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=step))
+
+    @parameterized.named_parameters(
+        ("os_error", OSError(13, "Permission denied"), "Permission denied"),
+        # The Rust writers (safetensors, tokenizers) raise plain exceptions that end in "(os error N)".
+        ("rust_writer", Exception("failed to write tensor (os error 28)"), "No space left on device"))
+    def test_a_failed_save_names_the_reason_the_space_and_the_intact_checkpoint(self, error, reason):
+        os.makedirs(self.out)
+        with self.assertRaises(WriteError) as raised:
+            self._save_failing(2, error)
+        target = os.path.join(self.out, "step-000002")
+        self.assertEqual(str(raised.exception), f"could not write {target} ({reason}; 1.5 MiB free in {self.out}); no "
+                         "earlier checkpoint exists, and nothing half-written was left: free space and rerun with "
+                         "--resume_from_checkpoint auto")
+        self.assertEqual(os.listdir(self.out), [])  # the .tmp- folder was removed
+        checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=2))
+        newest = checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=3))
+        with self.assertRaisesRegex(WriteError, f"could not write {self.out}/step-000004 .*; {newest} is intact"):
+            self._save_failing(4, error)
+        self.assertEqual(sorted(os.listdir(self.out)), ["step-000002", "step-000003"])
+
+    def test_an_error_that_is_not_a_write_failure_is_raised_as_it_is(self):
+        with self.assertRaisesRegex(RuntimeError, "^a bug$"):
+            self._save_failing(2, RuntimeError("a bug"))
+
+    def test_a_failure_on_another_process_stops_this_one_too(self):
+        # Two processes: this one wrote, the other failed; the all-reduce of the failure flags says so.
+        partial = os.path.join(self.out, ".tmp-step-000002")
+        os.makedirs(partial)
+        accelerator = mock.Mock(num_processes=2, device="cpu", is_main_process=True)
+        accelerator.reduce.side_effect = lambda flag, reduction: flag + 1
+        with self.assertRaisesRegex(WriteError, r"^could not write \S+/step-000002 \(failed on another process; "):
+            checkpoint.agree_on_write(accelerator, None, partial, os.path.join(self.out, "step-000002"), self.out)
+        self.assertEqual(accelerator.reduce.call_args.kwargs, {"reduction": "sum"})
+        self.assertFalse(os.path.exists(partial))
+        # No process failed: nothing is raised or removed, and the all-reduce was the barrier.
+        os.makedirs(partial)
+        accelerator.reset_mock()
+        accelerator.reduce.side_effect = lambda flag, reduction: flag
+        checkpoint.agree_on_write(accelerator, None, partial, os.path.join(self.out, "step-000002"), self.out)
+        self.assertTrue(os.path.isdir(partial))
+        accelerator.wait_for_everyone.assert_not_called()
+
+    def test_a_failed_export_keeps_the_previous_one(self):
+        model = self.accelerator.prepare(_tiny_t5())
+        path = os.path.join(self.out, "best")
+        checkpoint.export_model(self.accelerator, model, None, path)
+        before = fixtures.snapshot(self.out)
+        tokenizer = mock.Mock()
+        tokenizer.save_pretrained.side_effect = OSError(28, "No space left on device")
+        with self.assertRaisesRegex(WriteError, f"could not write {path} \\(No space left on device; 1.5 MiB free in "
+                                                f"{self.out}\\)"):
+            checkpoint.export_model(self.accelerator, model, tokenizer, path)
+        self.assertEqual(fixtures.snapshot(self.out), before)  # no best.tmp, the previous export as it was
+
+
+class TrainableOnlyTest(_TmpDirTest):
+    """An adapter run's checkpoints hold its trainable weights alone, and load back into them."""
+
+    def _model(self, seed, trainable=("2.weight", "2.bias")):
+        accelerator = accelerate.Accelerator(cpu=True)
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        for name, param in model.named_parameters():
+            param.requires_grad_(name in trainable)
+        return accelerator, accelerator.prepare(model)
+
+    def test_only_trainable_weights_are_saved_and_loaded(self):
+        accelerator, model = self._model(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1), trainable_only=True)
+        weights = load_file(os.path.join(path, "model.safetensors"))
+        self.assertEqual(sorted(weights), ["2.bias", "2.weight"])
+        torch.testing.assert_close(weights["2.weight"], model[2].weight, rtol=0, atol=0)
+
+        other_accelerator, other = self._model(1)
+        frozen = other[0].weight.clone()
+        checkpoint.load_checkpoint(other_accelerator, path, TrainState(), trainable_only=True)
+        torch.testing.assert_close(other[2].weight, model[2].weight, rtol=0, atol=0)
+        torch.testing.assert_close(other[2].bias, model[2].bias, rtol=0, atol=0)
+        torch.testing.assert_close(other[0].weight, frozen, rtol=0, atol=0)  # the starting model's, untouched
+        # The hooks were removed: a whole checkpoint afterwards holds, and loads, every weight again.
+        whole = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=2))
+        self.assertLen(load_file(os.path.join(whole, "model.safetensors")), 4)
+        checkpoint.load_checkpoint(other_accelerator, whole, TrainState())
+        torch.testing.assert_close(other[0].weight, model[0].weight, rtol=0, atol=0)
+
+    def test_another_adapter_is_refused(self):
+        accelerator, model = self._model(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1), trainable_only=True)
+        other_accelerator, _ = self._model(1, trainable=("0.weight", "0.bias", "2.weight", "2.bias"))
+        with self.assertRaises(UsageError) as raised:
+            checkpoint.load_checkpoint(other_accelerator, path, TrainState(), trainable_only=True)
+        self.assertEqual(str(raised.exception), (
+            f"checkpoint {path} holds 2 adapter weights where this run's adapter trains 4, under other names: it was "
+            "written with other --peft settings or for another model; resume it with those, or start a new run in "
+            "another --output_dir"))
+
+    def test_deepspeed_saves_and_loads_its_trainable_weights_itself(self):
+        accelerator = mock.Mock(distributed_type=DistributedType.DEEPSPEED, num_processes=1, is_main_process=True)
+        accelerator.save_state.side_effect = lambda folder, **kwargs: os.makedirs(folder)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1), trainable_only=True)
+        accelerator.save_state.assert_called_once_with(os.path.join(self.out, ".tmp-step-000001"),
+                                                       exclude_frozen_parameters=True)
+        checkpoint.load_checkpoint(accelerator, path, TrainState(), trainable_only=True)
+        accelerator.load_state.assert_called_once_with(path, load_module_strict=False)
+        accelerator.register_save_state_pre_hook.assert_not_called()
 
 
 if __name__ == "__main__":

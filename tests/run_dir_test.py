@@ -3,17 +3,20 @@ import json
 import os
 import shutil
 import tempfile
+import types
 from unittest import mock
 
 import accelerate
 import torch
+import transformers
 from absl.testing import absltest, parameterized
+from safetensors.torch import load_file
 
 import fine_tune_t5
 import pre_train_t5
-from t5_training import checkpoint, loop, mixture, run_dir, submission
+from t5_training import checkpoint, loop, mixture, reporting, run_dir, submission
 from t5_training.config import TrainingConfig
-from t5_training.errors import DivergedError, UsageError
+from t5_training.errors import DivergedError, UsageError, WriteError
 from tests import fixtures
 from tests.simulated_gpu import gpu_host
 
@@ -24,9 +27,9 @@ def _write(path, value):
         f.write(value if isinstance(value, str) else json.dumps(value))
 
 
-def _checkpoint(out, step, losses, complete=True):
+def _checkpoint(out, step, losses, complete=True, evals=True):
     path = checkpoint.checkpoint_dir(out, step)
-    state = {"step": step, "losses": losses, "evals": [{"step": step, "accuracy": 50.0 + step}]}
+    state = {"step": step, "losses": losses, **({"evals": [{"step": step, "accuracy": 50.0 + step}]} if evals else {})}
     _write(os.path.join(path, checkpoint.STATE_FILE), state)
     if complete:  # the manifest, written last, lists every file with its size
         size = os.path.getsize(os.path.join(path, checkpoint.STATE_FILE))
@@ -65,6 +68,19 @@ class RunDirTest(fixtures.TempDirTestCase):
         self.assertEqual(run_dir.read_results(self.dir), {"train": {"train_steps": 4}, "eval": {"accuracy": 81.0}})
         _write(os.path.join(self.dir, "train_results.json"), '{"train_steps": 4')  # half-written
         self.assertIsNone(run_dir.read_results(self.dir))
+
+    def test_a_state_without_evaluations_has_none(self):
+        _checkpoint(self.dir, 2, [3.0], evals=None)  # from before "evals" was saved
+        self.assertEqual(run_dir.read_losses(self.dir), [3.0])
+        self.assertEqual(run_dir.read_evals(self.dir), [])
+
+    def test_a_prompt_tuned_run_is_finished_with_its_adapter_alone(self):
+        # Its final/ holds the adapter and no config.json (t5_training.adapters).
+        _write(os.path.join(self.dir, "eval_results.json"), {"accuracy": 81.0})
+        _write(os.path.join(self.dir, "train_results.json"), {"train_steps": 4})
+        self.assertIsNone(run_dir.read_results(self.dir))
+        _write(os.path.join(self.dir, "final", "adapter", "adapter_config.json"), {"peft_type": "PROMPT_TUNING"})
+        self.assertEqual(run_dir.read_results(self.dir), {"train": {"train_steps": 4}, "eval": {"accuracy": 81.0}})
 
 
 class SaveTest(absltest.TestCase):
@@ -107,6 +123,237 @@ class SaveTest(absltest.TestCase):
             self.assertEqual(sorted(n for n in os.listdir(out) if n.startswith("step-")),
                              ["step-000002", "step-000006"])
             self.assertEqual(run_dir.read_state(out, step=2)["best_step"], 2)
+
+    def test_the_scheduler_and_an_adapters_weights_are_what_is_saved(self):
+        # An adapter run (--peft) checkpoints its trainable weights alone; the scheduler goes in as JSON.
+        with tempfile.TemporaryDirectory() as out:
+            accelerator = accelerate.Accelerator(cpu=True)
+            model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+            model[0].requires_grad_(False)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=1.0), lambda s: 1.0)
+            for _ in range(3):
+                scheduler.step()
+            config = types.SimpleNamespace(output_dir=out, save_total_limit=0, peft="lora")
+            path = run_dir.save(accelerator, config, model, scheduler, loop.TrainState(step=3))
+            self.assertEqual(run_dir.read_state(out)["scheduler"]["last_epoch"], 3)
+            self.assertEqual(sorted(load_file(os.path.join(path, "model.safetensors"))), ["1.bias", "1.weight"])
+
+
+def _main_process(processes: int = 1, main: bool = True):
+    # What write_results and write_eval_results ask of accelerate; `printed` collects the table.
+    printed = []
+    return types.SimpleNamespace(num_processes=processes, is_main_process=main, print=printed.append), printed
+
+
+def _state(**values) -> loop.TrainState:
+    # 2 steps of 16 rows: 7 rows into epoch 1; 2.50049 s of optimizer steps (rounding shows in every figure).
+    values = {"step": 2, "epoch": 1, "samples_in_epoch": 7, "samples_seen": 16, "tokens_seen": 100,
+              "train_seconds": 2.50049, "losses": [3.0, 1.5, 1.5], "best_metric": 60.0, "best_step": 2,
+              "evals": [{"step": 1, "accuracy": 50.0}, {"step": 2, "accuracy": 60.0, "f1": 0.25},
+                        {"step": 3, "accuracy": 55.0, "f1": 0.5}], **values}
+    return loop.TrainState(**values)
+
+
+class WriteResultsTest(fixtures.TempDirTestCase):
+    """The results files a finished run leaves, on hand-computed figures."""
+
+    def setUp(self):
+        super().setUp()
+        self.config = TrainingConfig(output_dir=self.dir, per_device_train_batch_size=4, gradient_accumulation_steps=2)
+        # The plot is reporting's to test; here, what it is given (and matplotlib's import stays out of these tests).
+        patcher = mock.patch.object(reporting, "save_loss_curves")
+        self.plot = patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def test_train_and_eval_results(self):
+        accelerator, printed = _main_process()
+        results = run_dir.write_results(accelerator, self.config, _state(), loop.Objective("accuracy"), per_epoch=6)
+        train = {"train_loss": 2.0, "train_runtime": 2.5, "train_samples_per_second": 6.399,  # 16 / 2.50049
+                 "train_tokens_per_second": 39.992, "train_steps": 2, "train_tokens": 100, "train_samples": 16,
+                 "epoch": 1.2917}  # 1 + 7 rows of 6 micro-batches x 4 rows
+        # The last evaluation's metrics (step 3), and the best (step 2's) as the state recorded it.
+        evaluation = {"accuracy": 55.0, "f1": 0.5, "best_metric": 60.0, "best_step": 2, "metric_to_optimize": "accuracy"}
+        self.assertEqual(results, {"train": train, "eval": evaluation})
+        self.assertEqual(run_dir.read_final_eval(self.dir), evaluation)
+        self.assertEqual(_read(self.dir, "train_results.json"), train)
+        self.plot.assert_called_once_with(os.path.join(self.dir, "loss_curve.png"),
+                                          {"training loss": {"train": [3.0, 1.5, 1.5]}})
+        rows = [{"metric": "accuracy", "value": 55.0}, {"metric": "f1", "value": 0.5}]
+        self.assertEqual(printed, [reporting.format_table(rows + [{"metric": k, "value": v} for k, v in train.items()])])
+
+    def test_processes_count_in_the_epoch(self):
+        accelerator, _ = _main_process(processes=2)
+        results = run_dir.write_results(accelerator, self.config, _state(samples_in_epoch=12), loop.Objective("f1"),
+                                        per_epoch=3)
+        self.assertEqual(results["train"]["epoch"], 1.5)  # 12 rows of 3 micro-batches x 4 rows x 2 processes
+
+    def test_a_run_with_no_steps_or_evaluations(self):
+        accelerator, _ = _main_process()
+        state = _state(losses=[], evals=[], train_seconds=0.0, best_metric=None, best_step=None)
+        results = run_dir.write_results(accelerator, self.config, state, loop.Objective("accuracy"), per_epoch=0)
+        train = results["train"]
+        self.assertNotEqual(train["train_loss"], train["train_loss"])  # NaN: no loss to average
+        self.assertIsNone(train["epoch"])  # a stream has no epoch length
+        self.assertEqual(train["train_samples_per_second"], 16e9)  # divided by 1e-9 s, not by zero
+        self.assertEqual(results["eval"], {"best_metric": None, "best_step": None, "metric_to_optimize": "accuracy"})
+        self.plot.assert_not_called()  # no curve of no steps
+
+    def test_only_the_main_process_writes(self):
+        accelerator, printed = _main_process(main=False)
+        results = run_dir.write_results(accelerator, self.config, _state(), loop.Objective("accuracy"), per_epoch=6)
+        self.assertEqual(results["eval"]["accuracy"], 55.0)
+        self.assertEqual(run_dir.write_eval_results(accelerator, self.dir, {"accuracy": 1.0}), {"accuracy": 1.0})
+        self.assertEqual((os.listdir(self.dir), printed), ([], []))
+        self.plot.assert_not_called()
+
+    def test_eval_results_of_a_run_that_only_evaluates(self):
+        accelerator, printed = _main_process()
+        values = {"accuracy": 75.0, "eval_samples": 8}
+        self.assertEqual(run_dir.write_eval_results(accelerator, self.dir, values), values)
+        self.assertEqual(os.listdir(self.dir), ["eval_results.json"])
+        self.assertEqual(run_dir.read_final_eval(self.dir), values)
+        self.assertEqual(printed, [reporting.format_table([{"metric": "accuracy", "value": 75.0},
+                                                           {"metric": "eval_samples", "value": 8}])])
+
+
+def _read(folder, name):
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+class FiniteWeightsTest(absltest.TestCase):
+    """ensure_finite_weights where the weights are sharded: ZeRO-3's own shard, and one decision for all processes."""
+
+    def test_a_zero3_shard_is_checked_not_its_placeholder(self):
+        model = torch.nn.Linear(2, 2)
+        for param in model.parameters():
+            param.ds_tensor = torch.ones(3)
+        run_dir.ensure_finite_weights(model, "step 1")
+        model.bias.ds_tensor = torch.tensor([1.0, float("nan")])
+        with self.assertRaises(DivergedError) as raised:
+            run_dir.ensure_finite_weights(model, "step 1")
+        self.assertEqual(str(raised.exception), "the weights are not finite at step 1, so they were not saved; the last "
+                         "saved checkpoint is intact. Lower --learning_rate, or use --mixed_precision bf16 over fp16")
+
+    def test_on_gpus_the_flag_is_reduced_on_this_process_gpu(self):
+        # NCCL reduces CUDA tensors only: the flag goes to this process's device (no GPU needed to check that).
+        moved, to = [], torch.Tensor.to
+
+        def record(tensor, **where):
+            moved.append(where)
+            return to(tensor, dtype=where["dtype"])
+
+        with mock.patch.object(torch.distributed, "is_initialized", return_value=True), \
+                mock.patch.object(torch.distributed, "get_world_size", return_value=2), \
+                mock.patch.object(torch.distributed, "all_reduce") as reduce, \
+                mock.patch.object(torch.cuda, "is_available", return_value=True), \
+                mock.patch.object(torch.cuda, "current_device", return_value=3), \
+                mock.patch.object(torch.Tensor, "to", record):
+            run_dir.ensure_finite_weights(torch.nn.Linear(2, 2), "step 4")
+        self.assertEqual(moved, [{"device": torch.device("cuda", 3), "dtype": torch.int32}])
+        self.assertEqual(reduce.call_args.kwargs, {"op": torch.distributed.ReduceOp.MIN})
+        self.assertEqual(reduce.call_args.args[0].tolist(), 1)
+
+    def _on_two_processes(self, others_finite: bool, world_size: int = 2):
+        # torch.distributed as two processes see it: all_reduce(MIN) brings in the other's flag.
+        def all_reduce(flag, op):
+            self.assertEqual((op, flag.dtype, flag.device.type), (torch.distributed.ReduceOp.MIN, torch.int32, "cpu"))
+            flag.mul_(int(others_finite))
+
+        reduce = mock.Mock(side_effect=all_reduce)
+        with mock.patch.object(torch.distributed, "is_initialized", return_value=True), \
+                mock.patch.object(torch.distributed, "get_world_size", return_value=world_size), \
+                mock.patch.object(torch.distributed, "all_reduce", reduce), \
+                mock.patch.object(torch.cuda, "is_available", return_value=False):
+            run_dir.ensure_finite_weights(torch.nn.Linear(2, 2), "step 4")
+        return reduce
+
+    def test_a_process_with_finite_weights_stops_with_one_that_has_not(self):
+        self.assertEqual(self._on_two_processes(others_finite=True).call_count, 1)
+        with self.assertRaisesRegex(DivergedError, "not finite at step 4"):
+            self._on_two_processes(others_finite=False)
+        self._on_two_processes(others_finite=False, world_size=1).assert_not_called()  # one process: its own say
+
+
+class ResumeIntoTest(fixtures.TempDirTestCase):
+    """run_dir.resume: the checkpoint is loaded and checked before the folder is touched."""
+
+    def setUp(self):
+        super().setUp()
+        self.out = os.path.join(self.dir, "out")
+        self.accelerator = accelerate.Accelerator(cpu=True)
+        self.config = TrainingConfig(output_dir=self.out, overwrite_output_dir=True, per_device_train_batch_size=4,
+                                     gradient_accumulation_steps=2)
+        # Saved on 2 processes of 4 rows x 1 micro-batch: the same global batch of 8 as this run's.
+        self.saved = run_dir.save(self.accelerator, self.config, torch.nn.Linear(2, 2), None, loop.TrainState(
+            step=3, samples_in_epoch=16, losses=[3.0, 2.0, 1.0], batch_layout={"per_device": 4, "accumulation": 1,
+                                                                               "processes": 2}))
+        _write(os.path.join(self.out, "train_results.json"), {"train_steps": 99})
+
+    def test_resuming_loads_the_checkpoint_and_deletes_nothing(self):
+        before, checked = fixtures.snapshot(self.out), []
+        with mock.patch.object(self.accelerator, "print") as printed:
+            state = run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None,
+                                   check=lambda state, path: checked.append((state.step, path)))
+        printed.assert_called_once_with(f"resumed from {self.saved} at step 3")
+        self.assertEqual((state.step, state.samples_in_epoch, state.losses), (3, 16, [3.0, 2.0, 1.0]))
+        self.assertEqual(self.accelerator.step, 6)  # 3 steps x this run's 2 micro-batches
+        self.assertEqual(checked, [(3, self.saved)])
+        self.assertEqual(fixtures.snapshot(self.out), before)  # --overwrite_output_dir is not for a resumed run
+
+    def test_an_adapter_run_resumes_its_weights_and_its_scheduler(self):
+        model = self.accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+        model[0].requires_grad_(False)
+
+        def scheduler():
+            return torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=1.0), lambda s: 1.0)
+
+        config = types.SimpleNamespace(output_dir=self.out, overwrite_output_dir=False, save_total_limit=0, peft="lora",
+                                       per_device_train_batch_size=4, gradient_accumulation_steps=2)
+        saved = scheduler()
+        for _ in range(3):
+            saved.step()
+        # Its checkpoint holds the trainable weights alone: loading it whole would fail.
+        path = run_dir.save(self.accelerator, config, model, saved, loop.TrainState(step=5))
+        restored = scheduler()
+        run_dir.resume(self.accelerator, config, path, loop.TrainState(), restored)
+        self.assertEqual(restored.last_epoch, 3)
+
+    def test_a_refused_checkpoint_leaves_no_trace(self):
+        before = fixtures.snapshot(self.out)
+        with self.assertRaisesRegex(UsageError, f"^checkpoint {self.saved} streamed its corpus over 2 processes, this "
+                                                "run has 1"):
+            run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None, streaming=True)
+        with self.assertRaisesRegex(UsageError, "the mixture changed"):
+            run_dir.resume(self.accelerator, self.config, self.saved, loop.TrainState(), None,
+                           check=mock.Mock(side_effect=UsageError("the mixture changed")))
+        self.assertEqual(fixtures.snapshot(self.out), before)
+
+    def test_starting_over_opens_the_folder_afresh(self):
+        state, check = loop.TrainState(), mock.Mock()
+        self.assertIs(run_dir.resume(self.accelerator, self.config, None, state, None, check=check), state)
+        self.assertEqual((os.listdir(self.out), state.step), ([], 0))
+        check.assert_not_called()
+
+
+class ExportTest(fixtures.TempDirTestCase):
+
+    def test_the_final_export_loads_and_non_finite_weights_are_never_exported(self):
+        model = transformers.T5ForConditionalGeneration(fixtures.tiny_t5_config())
+        tokenizer = mock.Mock()
+        tokenizer.save_pretrained.side_effect = lambda folder: _write(os.path.join(folder, "tokenizer.json"), "{}")
+        accelerator = accelerate.Accelerator(cpu=True)
+        run_dir.export_final(accelerator, model, tokenizer, self.dir)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["final"])
+        self.assertIn("tokenizer.json", os.listdir(os.path.join(self.dir, "final")))
+        loaded = transformers.T5ForConditionalGeneration.from_pretrained(os.path.join(self.dir, "final"))
+        self.assertTrue(torch.equal(loaded.shared.weight, model.shared.weight))
+        before = fixtures.snapshot(self.dir)
+        with torch.no_grad():
+            model.shared.weight[0, 0] = float("nan")
+        with self.assertRaisesRegex(DivergedError, "not finite at the end of training, so they were not saved"):
+            run_dir.export_final(accelerator, model, tokenizer, self.dir)
+        self.assertEqual(fixtures.snapshot(self.dir), before)
 
 
 # Every kind of file an earlier run leaves at the top of its folder (checkpoints whole, half-saved
@@ -202,6 +449,30 @@ class OverwriteTest(fixtures.TempDirTestCase):
                                  resuming=False)
         self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS))
         self.assertEqual(fixtures.snapshot(elsewhere), before)
+
+    def test_each_file_of_a_list_flag_is_checked(self):
+        # pretraining's --train_file takes several files: the second lies in what starting over deletes.
+        inside = os.path.join(self.out, "mixture_rows.tsv")
+        config = types.SimpleNamespace(output_dir=self.out, overwrite_output_dir=True, resume_from_checkpoint=None,
+                                       train_file=[os.path.join(self.out, "notes.txt"), inside])
+        with self.assertRaisesRegex(UsageError, f"^--train_file {inside} lies in {inside}, which"):
+            run_dir.check_output_dir(config)
+
+    def test_a_folder_that_cannot_be_created_is_one_clear_error(self):
+        out = os.path.join(self.out, "notes.txt", "run")  # under a file: not even root can create it
+        with self.assertRaises(WriteError) as raised:
+            run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(out), resuming=False)
+        self.assertEqual(str(raised.exception), f"could not create or clear --output_dir {out} (Not a directory: "
+                         f"{out}); fix its permissions, or choose another --output_dir")
+
+    def test_a_link_to_a_tracker_folder_is_not_the_runs(self):
+        # A link the user made, though what it points to holds only tensorboard files: never taken for the run's.
+        logs = os.path.join(self.dir, "logs")
+        _write(os.path.join(logs, "events.out.tfevents.1700000000.host.1.0"), "theirs")
+        os.symlink(logs, os.path.join(self.out, "their-logs"))
+        run_dir.start_output_dir(accelerate.Accelerator(cpu=True), _config(self.out, overwrite_output_dir=True),
+                                 resuming=False)
+        self.assertEqual(_listing(self.out), sorted(NOT_A_RUNS + ["their-logs/"]))
 
     def test_a_tracker_folder_holding_other_files_is_not_the_runs(self):
         _write(os.path.join(self.out, "t5-fine-tune", "plan.md"), "the user's")
