@@ -105,6 +105,30 @@ class SamplerTest(parameterized.TestCase):
         a.set_epoch(4)
         self.assertEqual(list(a), a.order(4).tolist())
 
+    @parameterized.named_parameters(
+        ("rates_for_other_tasks", [5, 5], [1.0], 10, "sizes [5, 5], rates [1.0], 10 rows"),
+        ("empty_task", [0, 5], [0.5, 0.5], 10, "sizes [0, 5], rates [0.5, 0.5], 10 rows"),
+        # 0.25 x 3 rows: the small task would get no row in some epochs.
+        ("share_under_one_row", [5, 5], [0.75, 0.25], 3, "sizes [5, 5], rates [0.75, 0.25], 3 rows"),
+    )
+    def test_bad_mixture_is_refused(self, sizes, rates, epoch_rows, said):
+        with self.assertRaisesRegex(ValueError, "^bad mixture: " + re.escape(said) + " per epoch$"):
+            _sampler(sizes, rates, epoch_rows=epoch_rows)
+
+    def test_the_smallest_good_mixture(self):
+        # A task of one row, and a share of exactly one row an epoch (0.25 x 4).
+        sampler = _sampler([1, 5], [0.25, 0.75], epoch_rows=4)
+        tasks, rows = sampler.task_rows(sampler.order(0))
+        self.assertEqual((tasks == 0).sum().item(), 1)
+        self.assertEqual(rows[tasks == 0].tolist(), [0])
+
+    def test_lengths_without_batch_size_group_one_row_batches(self):
+        lengths = [(i * 37) % 61 + 1 for i in range(120)]
+        grouped = _sampler([50, 70], [0.3, 0.7], lengths=lengths)
+        self.assertEqual(grouped.batch_size, 1)
+        self.assertTrue(torch.equal(grouped.order(0),
+                                    _sampler([50, 70], [0.3, 0.7], lengths=lengths, batch_size=1).order(0)))
+
     def test_global_rng_untouched(self):
         torch.manual_seed(0)
         expected = torch.rand(3)
@@ -165,8 +189,11 @@ class TrainedRowsTest(absltest.TestCase):
         sampler = _sampler([30, 10], [0.75, 0.25], epoch_rows=40, seed=2)
         with tempfile.TemporaryDirectory() as out:
             summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 1, 16, log=lambda *_: None)
-            with open(os.path.join(out, mixture.ROWS_FILE), encoding="utf-8") as f:
-                rows = list(csv.reader(f, delimiter="\t"))
+            with open(os.path.join(out, mixture.ROWS_FILE), "rb") as f:
+                raw = f.read()
+            # Plain "\n" line ends (no "\r"), as the other TSVs the runs write.
+            self.assertNotIn(b"\r", raw)
+            rows = list(csv.reader(raw.decode("utf-8").splitlines(), delimiter="\t"))
             with open(os.path.join(out, mixture.RATES_FILE), encoding="utf-8") as f:
                 self.assertEqual(json.load(f), summary)
         self.assertEqual(rows[0], ["position", "task", "row"])
@@ -187,28 +214,45 @@ class FlagsTest(parameterized.TestCase):
         self.assertEqual(mixture.task_names(GLUE, "all"), tuple(GLUE))
         self.assertEqual(mixture.task_names(GLUE, "cola, sst2,mrpc"), ("cola", "sst2", "mrpc"))
         self.assertEqual(mixture.task_names(GLUE, "sst2"), ("sst2",))
-        with self.assertRaisesRegex(UsageError, "unknown task 'sts' in --dataset_name 'cola,sts'"):
+        with self.assertRaisesRegex(UsageError, r"^unknown task 'sts' in --dataset_name 'cola,sts'; known: cola, "
+                                                r"sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli, or all$"):
             mixture.task_names(GLUE, "cola,sts")
-        with self.assertRaisesRegex(UsageError, "names cola twice"):
+        with self.assertRaisesRegex(UsageError, r"^--dataset_name names cola twice; name each task once \(rates "
+                                                r"come from --mixing\)$"):
             mixture.task_names(GLUE, "cola,sst2,cola")
 
     @parameterized.named_parameters(
-        ("flags_with_one_task", ["sst2"], {"mixing": "equal"}, "--mixing mixes several tasks"),
+        ("flags_with_one_task", ["sst2"], {"mixing": "equal"},
+         "--mixing mixes several tasks, and --dataset_name names one (sst2); name several (e.g. --dataset_name "
+         "cola,sst2 or all) or drop the mixture flags"),
         ("temperature_not_positive", ["a", "b"], {"mixing": "temperature", "mixing_temperature": -1.0},
-         "must be positive"),
-        ("temperature_without_t", ["a", "b"], {"mixing": "temperature"}, "needs --mixing_temperature"),
-        ("t_without_temperature", ["a", "b"], {"mixing_temperature": 2.0}, "applies to --mixing temperature"),
-        ("cap_below_one", ["a", "b"], {"mixing_cap": 0}, "at least 1"),
-        ("cap_with_equal", ["a", "b"], {"mixing": "equal", "mixing_cap": 10}, "uses no size"),
+         "--mixing_temperature must be positive, got -1.0; T5 used 2, 8 and 256 (1 is examples-proportional)"),
+        ("temperature_zero", ["a", "b"], {"mixing": "temperature", "mixing_temperature": 0.0},
+         "--mixing_temperature must be positive, got 0.0; T5 used 2, 8 and 256 (1 is examples-proportional)"),
+        ("temperature_without_t", ["a", "b"], {"mixing": "temperature"},
+         "--mixing temperature needs --mixing_temperature T (rates ∝ size^(1/T); T5 used 2, 8, 256)"),
+        # No --mixing is examples_proportional, and the message says so.
+        ("t_without_temperature", ["a", "b"], {"mixing_temperature": 2.0},
+         "--mixing_temperature applies to --mixing temperature, not examples_proportional; add --mixing "
+         "temperature or drop it"),
+        ("cap_below_one", ["a", "b"], {"mixing_cap": 0},
+         "--mixing_cap must be at least 1, got 0; T5 used 2^16 to 2^21"),
+        ("cap_with_equal", ["a", "b"], {"mixing": "equal", "mixing_cap": 10},
+         "--mixing_cap limits the sizes that rates are computed from, and --mixing equal uses no size; drop "
+         "--mixing_cap or use examples_proportional or temperature"),
     )
     def test_misused_flags_are_one_line(self, names, flags, message):
-        with self.assertRaisesRegex(UsageError, message):
+        with self.assertRaisesRegex(UsageError, "^" + re.escape(message) + "$"):
             mixture.MixtureConfig(**flags).check_mixture_flags(names)
 
     def test_good_flags_pass(self):
         mixture.MixtureConfig().check_mixture_flags(["sst2"])
         mixture.MixtureConfig(mixing="temperature", mixing_temperature=2.0, mixing_cap=100).check_mixture_flags(
             ["a", "b"])
+        # The bounds themselves: any positive T (below 1 sharpens the rates), and a cap of one row.
+        mixture.MixtureConfig(mixing="temperature", mixing_temperature=0.5, mixing_cap=1).check_mixture_flags(
+            ["a", "b"])
+        mixture.MixtureConfig(mixing_cap=1).check_mixture_flags(["a", "b"])
 
 
 class ResumeCheckTest(parameterized.TestCase):
@@ -230,8 +274,15 @@ class ResumeCheckTest(parameterized.TestCase):
     def test_a_different_data_position_is_one_line(self, saved, now, said):
         with self.assertRaisesRegex(UsageError, "checkpoint ckpt " + re.escape(said)) as cm:
             mixture.check_same_mixture(saved, now, "ckpt")
-        self.assertIn("--model_name_or_path", str(cm.exception))
+        self.assertTrue(str(cm.exception).endswith(
+            "; resume with its --dataset_name, mixing flags and --max_train_samples, or start a new run from its "
+            "weights with --model_name_or_path"), str(cm.exception))
         self.assertNotIn("\n", str(cm.exception))
+
+    def test_describe_is_what_the_check_compares(self):
+        # The keys a checkpoint's TrainState.mixture holds: changing them would refuse every saved mixture.
+        sampler = _sampler([100, 50], [2 / 3, 1 / 3], epoch_rows=144)
+        self.assertEqual(mixture.describe(("sst2", "cola"), sampler), self.MIXED)
 
 
 if __name__ == "__main__":

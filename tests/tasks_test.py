@@ -5,6 +5,7 @@ The expected strings are written out by hand from the files' rows, following Goo
 TFDS class name (or STS-B's score rounded to 0.2) as the target.
 """
 
+import dataclasses
 import functools
 import os
 import tempfile
@@ -244,6 +245,12 @@ class FormatterTest(parameterized.TestCase):
                                                  "tail": ["a", "b"]})
         self.assertEqual(formatted["source"], ["comet head: 1999 relation: year", "comet head:  relation: x"])
 
+    def test_no_prefix_starts_with_the_first_column(self):
+        # An entry without a prefix adds no word, not an empty one (which would open the text with a space).
+        entry = dataclasses.replace(tasks.get_entry("seq2seq", "comet"), prefix="")
+        formatted = tasks.make_formatter(entry)({"head": ["PersonX"], "relation": ["xIntent"], "tail": ["t"]})
+        self.assertEqual(formatted["source"], ["head: PersonX relation: xIntent"])
+
 
 class ScorerTest(parameterized.TestCase):
 
@@ -328,8 +335,15 @@ class LabelNormalizerTest(parameterized.TestCase):
     )
     def test_classification_errors(self, values, where):
         with self.assertRaisesRegex(UsageError, r"^validation split " + where +
-                                    r" is not one of the label words \(0 or 'negative', 1 or 'positive'\)"):
+                                    r" is not one of the label words \(0 or 'negative', 1 or 'positive'\); "
+                                    r"fix the row or the entry's label_words$"):
             self._normalize("glue", "sst2", values)
+
+    def test_missing_cell_is_the_empty_label_word(self):
+        # A CSV's empty cell arrives as None and a TSV's as "": the same cell, never the text "None".
+        entry = dataclasses.replace(tasks.get_entry("glue", "sst2"), label_words=("", "None"))
+        normalize = tasks.make_label_normalizer(entry, "validation split")
+        self.assertEqual(normalize({"label": [None, "", "None"]}, [0, 1, 2]), {"label": [0, 0, 1]})
 
     def test_regression(self):
         self.assertEqual(self._normalize("glue", "stsb", ["4.750", 3, " 0.2 ", 5.0]),
