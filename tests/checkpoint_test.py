@@ -131,6 +131,20 @@ class ResolveResumeTest(_TmpDirTest):
         with self.assertRaisesRegex(UsageError, "does not exist"):
             checkpoint.resolve_resume(path, self.out)
 
+    def test_the_messages_say_what_to_pass(self):
+        missing = os.path.join(self.root, "nowhere", "step-000004")
+        with self.assertRaises(UsageError) as raised:
+            checkpoint.resolve_resume(missing, self.out)
+        self.assertEqual(str(raised.exception), f"--resume_from_checkpoint {missing!r} does not exist; pass a "
+                         "step-NNNNNN folder or 'auto'")
+        os.makedirs(self.out)
+        partial = _make_step_dir(self.out, "step-000004", complete=False)
+        with self.assertRaises(UsageError) as raised:
+            checkpoint.resolve_resume(partial, self.out)
+        self.assertEqual(str(raised.exception), f"--resume_from_checkpoint {partial} is incomplete or damaged (its "
+                         "checkpoint.json is missing or lists files that are missing or truncated); pass an earlier "
+                         "checkpoint or 'auto'")
+
 
 class RotateCheckpointsTest(_TmpDirTest):
 
@@ -466,13 +480,19 @@ class WriteFailureTest(_TmpDirTest):
         self.addCleanup(patcher.stop)
 
     def _save_failing(self, step, error):
-        with mock.patch.object(self.accelerator, "save_state", side_effect=error):
+        def half_written(folder):  # the failure comes after part of the checkpoint is on disk
+            os.makedirs(folder)
+            open(os.path.join(folder, "model.safetensors"), "w").close()
+            raise error
+
+        with mock.patch.object(self.accelerator, "save_state", side_effect=half_written):
             return checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=step))
 
     @parameterized.named_parameters(
         ("os_error", OSError(13, "Permission denied"), "Permission denied"),
         # The Rust writers (safetensors, tokenizers) raise plain exceptions that end in "(os error N)".
-        ("rust_writer", Exception("failed to write tensor (os error 28)"), "No space left on device"))
+        ("rust_writer", Exception("failed to write tensor (os error 28)"), "No space left on device"),
+        ("no_reason_given", OSError(), "OSError"))
     def test_a_failed_save_names_the_reason_the_space_and_the_intact_checkpoint(self, error, reason):
         os.makedirs(self.out)
         with self.assertRaises(WriteError) as raised:
@@ -482,11 +502,19 @@ class WriteFailureTest(_TmpDirTest):
                          "earlier checkpoint exists, and nothing half-written was left: free space and rerun with "
                          "--resume_from_checkpoint auto")
         self.assertEqual(os.listdir(self.out), [])  # the .tmp- folder was removed
-        checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=2))
+        for step in (1, 2):
+            checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=step))
         newest = checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=3))
         with self.assertRaisesRegex(WriteError, f"could not write {self.out}/step-000004 .*; {newest} is intact"):
             self._save_failing(4, error)
-        self.assertEqual(sorted(os.listdir(self.out)), ["step-000002", "step-000003"])
+        self.assertEqual(sorted(os.listdir(self.out)), ["step-000001", "step-000002", "step-000003"])
+
+    def test_a_failure_writing_the_state_file_leaves_no_half_checkpoint(self):
+        with mock.patch.object(checkpoint, "write_json", side_effect=OSError(28, "No space left on device")):
+            with self.assertRaisesRegex(WriteError, f"^could not write {self.out}/step-000002 \\(No space left on "
+                                                    f"device; 1.5 MiB free in {self.out}\\); no earlier checkpoint"):
+                checkpoint.save_checkpoint(self.accelerator, self.out, TrainState(step=2))
+        self.assertEqual(os.listdir(self.out), [])
 
     def test_an_error_that_is_not_a_write_failure_is_raised_as_it_is(self):
         with self.assertRaisesRegex(RuntimeError, "^a bug$"):
