@@ -188,14 +188,17 @@ class TrainedRowsTest(absltest.TestCase):
     def test_rows_file_lists_every_row_trained_and_the_rates(self):
         sampler = _sampler([30, 10], [0.75, 0.25], epoch_rows=40, seed=2)
         with tempfile.TemporaryDirectory() as out:
-            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 1, 16, log=lambda *_: None)
+            logged = []
+            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 1, 16, log=logged.append)
             with open(os.path.join(out, mixture.ROWS_FILE), "rb") as f:
                 raw = f.read()
             # Plain "\n" line ends (no "\r"), as the other TSVs the runs write.
             self.assertNotIn(b"\r", raw)
             rows = list(csv.reader(raw.decode("utf-8").splitlines(), delimiter="\t"))
             with open(os.path.join(out, mixture.RATES_FILE), encoding="utf-8") as f:
-                self.assertEqual(json.load(f), summary)
+                text = f.read()
+            self.assertEqual(json.loads(text), summary)
+            self.assertStartsWith(text, '{\n  "big": {\n    "train_rows": 30,')  # indented for people to read
         self.assertEqual(rows[0], ["position", "task", "row"])
         self.assertLen(rows, 1 + 56)
         expected = torch.cat([sampler.order(0), sampler.order(1)[:16]]).tolist()
@@ -206,6 +209,25 @@ class TrainedRowsTest(absltest.TestCase):
         self.assertEqual(summary["big"]["rows_trained"] + summary["small"]["rows_trained"], 56)
         self.assertEqual(summary["big"]["configured_rate"], 0.75)
         self.assertEqual(summary["small"]["distinct_rows"], 10)
+        # The whole summary, counted here from the order itself.
+        big = [i for i in expected if i < 30]
+        small = [i for i in expected if i >= 30]
+        self.assertEqual(summary, {
+            "big": {"train_rows": 30, "configured_rate": 0.75, "realised_rate": len(big) / 56,
+                    "rows_trained": len(big), "distinct_rows": len(set(big))},
+            "small": {"train_rows": 10, "configured_rate": 0.25, "realised_rate": len(small) / 56,
+                      "rows_trained": len(small), "distinct_rows": len(set(small))}})
+        self.assertEqual(logged, [f"mixture: big {len(big)} rows ({100 * len(big) / 56:.2f}% vs 75.00% configured), "
+                                  f"small {len(small)} rows ({100 * len(small) / 56:.2f}% vs 25.00% configured)"])
+
+    def test_one_row_trained(self):
+        # A single row drawn: its task's realised rate is all of it, the other's none.
+        sampler = _sampler([30, 10], [0.75, 0.25], epoch_rows=40, seed=2)
+        first = 0 if sampler.order(0)[0] < 30 else 1
+        with tempfile.TemporaryDirectory() as out:
+            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 0, 1, log=lambda *_: None)
+        self.assertEqual([summary[name]["realised_rate"] for name in ("big", "small")],
+                         [1.0, 0.0] if first == 0 else [0.0, 1.0])
 
 
 class FlagsTest(parameterized.TestCase):
