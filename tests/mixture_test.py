@@ -102,6 +102,8 @@ class SamplerTest(parameterized.TestCase):
         self.assertTrue(torch.equal(a.order(2), b.order(2)))
         self.assertFalse(torch.equal(a.order(2), a.order(3)))
         self.assertFalse(torch.equal(a.order(2), _sampler([50, 70], [0.3, 0.7], seed=2).order(2)))
+        # Before any set_epoch, as the first epoch's loader sees it: epoch 0.
+        self.assertEqual(list(_sampler([50, 70], [0.3, 0.7], seed=1)), a.order(0).tolist())
         a.set_epoch(4)
         self.assertEqual(list(a), a.order(4).tolist())
 
