@@ -131,6 +131,16 @@ class SamplerTest(parameterized.TestCase):
         self.assertTrue(torch.equal(grouped.order(0),
                                     _sampler([50, 70], [0.3, 0.7], lengths=lengths, batch_size=1).order(0)))
 
+    def test_a_tasks_rows_change_with_seed_and_epoch(self):
+        # Not only where a task's rows sit (the slots' shuffle): which rows, and in what order.
+        def rows_of_task_0(seed, epoch):
+            sampler = _sampler([50, 70], [0.3, 0.7], seed=seed)
+            tasks, rows = sampler.task_rows(sampler.order(epoch))
+            return rows[tasks == 0].tolist()
+
+        self.assertNotEqual(rows_of_task_0(1, 0), rows_of_task_0(1, 1))
+        self.assertNotEqual(rows_of_task_0(1, 0), rows_of_task_0(2, 0))
+
     def test_global_rng_untouched(self):
         torch.manual_seed(0)
         expected = torch.rand(3)
