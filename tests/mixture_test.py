@@ -54,6 +54,12 @@ class RatesTest(parameterized.TestCase):
         self.assertAlmostEqual(rates["rte"], 2490 / total)
         self.assertAlmostEqual(sum(rates.values()), 1.0)
 
+    def test_apportion_gives_the_remainder_to_the_largest_fraction(self):
+        # 3 x (0.8, 0.2) = (2.4, 0.6): floors (2, 0), and the one row left goes to the second task's 0.6.
+        self.assertEqual(mixture.apportion([0.8, 0.2], 3), [2, 1])
+        # Without an epoch, the first: 10 x 1/3 each, its spare row to the first task.
+        self.assertEqual(mixture.epoch_counts([1 / 3] * 3, 10), [4, 3, 3])
+
     def test_epoch_counts_split_rows_exactly(self):
         self.assertEqual(mixture.epoch_counts([0.5, 0.25, 0.25], 8), [4, 2, 2])
         # 10 x (1/3, 1/3, 1/3) = 3.33 each: the one row left goes to the first of the tied tasks, and
@@ -102,6 +108,8 @@ class SamplerTest(parameterized.TestCase):
         self.assertTrue(torch.equal(a.order(2), b.order(2)))
         self.assertFalse(torch.equal(a.order(2), a.order(3)))
         self.assertFalse(torch.equal(a.order(2), _sampler([50, 70], [0.3, 0.7], seed=2).order(2)))
+        # Before any set_epoch, as the first epoch's loader sees it: epoch 0.
+        self.assertEqual(list(_sampler([50, 70], [0.3, 0.7], seed=1)), a.order(0).tolist())
         a.set_epoch(4)
         self.assertEqual(list(a), a.order(4).tolist())
 
@@ -128,6 +136,22 @@ class SamplerTest(parameterized.TestCase):
         self.assertEqual(grouped.batch_size, 1)
         self.assertTrue(torch.equal(grouped.order(0),
                                     _sampler([50, 70], [0.3, 0.7], lengths=lengths, batch_size=1).order(0)))
+
+    def test_a_tasks_rows_change_with_seed_and_epoch(self):
+        # Not only where a task's rows sit (the slots' shuffle): which rows, and in what order.
+        def rows_of_task_0(seed, epoch):
+            sampler = _sampler([50, 70], [0.3, 0.7], seed=seed)
+            tasks, rows = sampler.task_rows(sampler.order(epoch))
+            return rows[tasks == 0].tolist()
+
+        self.assertNotEqual(rows_of_task_0(1, 0), rows_of_task_0(1, 1))
+        self.assertNotEqual(rows_of_task_0(1, 0), rows_of_task_0(2, 0))
+
+    def test_tasks_of_one_size_draw_different_rows(self):
+        # Each task has a stream of its own: two tasks of 50 rows do not walk the same permutation.
+        sampler = _sampler([50, 50], [0.5, 0.5], epoch_rows=100, seed=3)
+        tasks, rows = sampler.task_rows(sampler.order(0))
+        self.assertNotEqual(rows[tasks == 0].tolist(), rows[tasks == 1].tolist())
 
     def test_global_rng_untouched(self):
         torch.manual_seed(0)
@@ -188,14 +212,17 @@ class TrainedRowsTest(absltest.TestCase):
     def test_rows_file_lists_every_row_trained_and_the_rates(self):
         sampler = _sampler([30, 10], [0.75, 0.25], epoch_rows=40, seed=2)
         with tempfile.TemporaryDirectory() as out:
-            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 1, 16, log=lambda *_: None)
+            logged = []
+            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 1, 16, log=logged.append)
             with open(os.path.join(out, mixture.ROWS_FILE), "rb") as f:
                 raw = f.read()
             # Plain "\n" line ends (no "\r"), as the other TSVs the runs write.
             self.assertNotIn(b"\r", raw)
             rows = list(csv.reader(raw.decode("utf-8").splitlines(), delimiter="\t"))
             with open(os.path.join(out, mixture.RATES_FILE), encoding="utf-8") as f:
-                self.assertEqual(json.load(f), summary)
+                text = f.read()
+            self.assertEqual(json.loads(text), summary)
+            self.assertStartsWith(text, '{\n  "big": {\n    "train_rows": 30,')  # indented for people to read
         self.assertEqual(rows[0], ["position", "task", "row"])
         self.assertLen(rows, 1 + 56)
         expected = torch.cat([sampler.order(0), sampler.order(1)[:16]]).tolist()
@@ -206,6 +233,25 @@ class TrainedRowsTest(absltest.TestCase):
         self.assertEqual(summary["big"]["rows_trained"] + summary["small"]["rows_trained"], 56)
         self.assertEqual(summary["big"]["configured_rate"], 0.75)
         self.assertEqual(summary["small"]["distinct_rows"], 10)
+        # The whole summary, counted here from the order itself.
+        big = [i for i in expected if i < 30]
+        small = [i for i in expected if i >= 30]
+        self.assertEqual(summary, {
+            "big": {"train_rows": 30, "configured_rate": 0.75, "realised_rate": len(big) / 56,
+                    "rows_trained": len(big), "distinct_rows": len(set(big))},
+            "small": {"train_rows": 10, "configured_rate": 0.25, "realised_rate": len(small) / 56,
+                      "rows_trained": len(small), "distinct_rows": len(set(small))}})
+        self.assertEqual(logged, [f"mixture: big {len(big)} rows ({100 * len(big) / 56:.2f}% vs 75.00% configured), "
+                                  f"small {len(small)} rows ({100 * len(small) / 56:.2f}% vs 25.00% configured)"])
+
+    def test_one_row_trained(self):
+        # A single row drawn: its task's realised rate is all of it, the other's none.
+        sampler = _sampler([30, 10], [0.75, 0.25], epoch_rows=40, seed=2)
+        first = 0 if sampler.order(0)[0] < 30 else 1
+        with tempfile.TemporaryDirectory() as out:
+            summary = mixture.write_trained_rows(out, ["big", "small"], sampler, 0, 1, log=lambda *_: None)
+        self.assertEqual([summary[name]["realised_rate"] for name in ("big", "small")],
+                         [1.0, 0.0] if first == 0 else [0.0, 1.0])
 
 
 class FlagsTest(parameterized.TestCase):
