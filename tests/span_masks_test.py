@@ -62,16 +62,17 @@ class RaggedMasksTest(absltest.TestCase):
     def test_dense_rows_cut_the_first_distinct_gaps_they_draw_as_the_collator(self):
         # Half the gaps cut: (10, 5, 3) cuts exactly half of its 4 gaps per side (drawn, not flipped, as
         # the collator draws them), and (402, 201, 101), 100 cuts among 200 gaps, needs second and
-        # third rounds of draws in some rows. Rows of each shape get the collator's masks from the same keys.
-        shapes = np.array([(10, 5, 3), (402, 201, 101)] * 150)
+        # third rounds of draws in some rows; (12, 6, 4) cuts 3 of 5 gaps by drawing the 2 it keeps.
+        # Rows of each shape get the collator's masks from the same keys.
+        shapes = np.array([(10, 5, 3), (402, 201, 101), (12, 6, 4)] * 100)
         keys = row_keys.row_keys(5, np.arange(len(shapes)))
         flat = span_masks.random_spans_noise_masks(keys, *shapes.T)
         rows = np.split(flat, np.cumsum(shapes[:, 0])[:-1])
-        for shape in range(2):
+        for shape in range(3):
             length, noise, spans = shapes[shape]
             self.assertEqual(dc.span_counts(length, noise / length, noise / spans), (noise, length - noise, spans))
-            same = dc.random_spans_noise_mask(150, length, noise / length, noise / spans, keys[shape::2])
-            np.testing.assert_array_equal(same, np.stack(rows[shape::2]))
+            same = dc.random_spans_noise_mask(100, length, noise / length, noise / spans, keys[shape::3])
+            np.testing.assert_array_equal(same, np.stack(rows[shape::3]))
 
 
 if __name__ == "__main__":
