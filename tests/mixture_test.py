@@ -54,6 +54,12 @@ class RatesTest(parameterized.TestCase):
         self.assertAlmostEqual(rates["rte"], 2490 / total)
         self.assertAlmostEqual(sum(rates.values()), 1.0)
 
+    def test_apportion_gives_the_remainder_to_the_largest_fraction(self):
+        # 3 x (0.8, 0.2) = (2.4, 0.6): floors (2, 0), and the one row left goes to the second task's 0.6.
+        self.assertEqual(mixture.apportion([0.8, 0.2], 3), [2, 1])
+        # Without an epoch, the first: 10 x 1/3 each, its spare row to the first task.
+        self.assertEqual(mixture.epoch_counts([1 / 3] * 3, 10), [4, 3, 3])
+
     def test_epoch_counts_split_rows_exactly(self):
         self.assertEqual(mixture.epoch_counts([0.5, 0.25, 0.25], 8), [4, 2, 2])
         # 10 x (1/3, 1/3, 1/3) = 3.33 each: the one row left goes to the first of the tied tasks, and
@@ -140,6 +146,12 @@ class SamplerTest(parameterized.TestCase):
 
         self.assertNotEqual(rows_of_task_0(1, 0), rows_of_task_0(1, 1))
         self.assertNotEqual(rows_of_task_0(1, 0), rows_of_task_0(2, 0))
+
+    def test_tasks_of_one_size_draw_different_rows(self):
+        # Each task has a stream of its own: two tasks of 50 rows do not walk the same permutation.
+        sampler = _sampler([50, 50], [0.5, 0.5], epoch_rows=100, seed=3)
+        tasks, rows = sampler.task_rows(sampler.order(0))
+        self.assertNotEqual(rows[tasks == 0].tolist(), rows[tasks == 1].tolist())
 
     def test_global_rng_untouched(self):
         torch.manual_seed(0)
