@@ -130,6 +130,18 @@ class SamplerTest(parameterized.TestCase):
         self.assertEqual((tasks == 0).sum().item(), 1)
         self.assertEqual(rows[tasks == 0].tolist(), [0])
 
+    def test_an_epoch_in_which_a_task_draws_no_row(self):
+        # A share of 1.11 rows an epoch: epoch 3's cumulative apportionment gives the third task none
+        # (3.33 rounds up to 4 after epoch 2, 4.44 down to 4 after epoch 3).
+        sampler = _sampler([7, 7, 7], [4 / 9, 4 / 9, 1 / 9], epoch_rows=10)
+        self.assertEqual(mixture.epoch_counts(sampler.rates, 10, 3), [5, 5, 0])
+        tasks, rows = sampler.task_rows(sampler.order(3))
+        self.assertEqual(torch.bincount(tasks, minlength=3).tolist(), [5, 5, 0])
+        # The other tasks' draws are whole rows of their own, not left-over or shared slots.
+        self.assertEqual(sampler.order(3).dtype, torch.int64)
+        for task in (0, 1):
+            self.assertEqual(len(set(rows[tasks == task].tolist())), 5)
+
     def test_lengths_without_batch_size_group_one_row_batches(self):
         lengths = [(i * 37) % 61 + 1 for i in range(120)]
         grouped = _sampler([50, 70], [0.3, 0.7], lengths=lengths)
