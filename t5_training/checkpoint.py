@@ -260,15 +260,27 @@ def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None)
             shutil.rmtree(path, ignore_errors=True)
 
 
+def model_state_dict(accelerator, model) -> dict | None:
+    """The whole model's weights under their own names (gathered under ZeRO-3: None off its rank 0).
+
+    torch.compile's wrapper holds the model as `_orig_mod`, which accelerate leaves in every name;
+    without it the export loads with from_pretrained whether or not the run compiled.
+    """
+    state_dict = accelerator.get_state_dict(model)
+    if state_dict is None:
+        return None
+    return {name.replace("_orig_mod.", ""): tensor for name, tensor in state_dict.items()}
+
+
 def export_model(accelerator, model, tokenizer, path: str) -> None:
     """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically.
 
     An adapter model writes its adapter and, where it merges, the merged model (adapters.save_pretrained).
     """
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = model_state_dict(accelerator, model)
     hf_logging.disable_progress_bar()  # one shard per export; a bar per save only clutters logs
     tmp = f"{path}.tmp"
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
 
     def write() -> None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -130,9 +130,10 @@ class GreedyDecoder:
         """(predicted token ids padded with the pad id, per-row summed target loss, per-row target tokens)."""
         # The encoder runs once here (with a prompt-tuned model's soft tokens in front), and
         # the decoder passes below call the transformers model under any peft wrapper.
-        encoded, mask = adapters.encode(self.accelerator.unwrap_model(model), batch["input_ids"],
-                                        batch["attention_mask"])
-        unwrapped = adapters.base_model(self.accelerator.unwrap_model(model))
+        # Without torch.compile's wrapper too, which would hide a peft model from the checks on its type.
+        plain = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        encoded, mask = adapters.encode(plain, batch["input_ids"], batch["attention_mask"])
+        unwrapped = adapters.base_model(plain)
         if self.candidates is None:
             row_loss, row_tokens = self._teacher_forced(unwrapped, encoded, mask, batch)
             everything = torch.ones(len(mask), dtype=torch.bool, device=mask.device)

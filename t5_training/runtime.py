@@ -54,6 +54,7 @@ def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> 
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     precision = resolve_mixed_precision(config.mixed_precision)
+    dynamo = _dynamo_plugin(config, fixed_shapes)
     accelerator = Accelerator(
         cpu=on_cpu and not deepspeed,
         mixed_precision=precision,
@@ -67,8 +68,9 @@ def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> 
         project_dir=config.output_dir,
         # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
-        dynamo_plugin=_dynamo_plugin(config, fixed_shapes),
+        dynamo_plugin=dynamo,
     )
+    _check_compile_settings_took(accelerator, dynamo)
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         # accelerate would fill "auto" with 1.0; DeepSpeed clips inside its engine, so this is
@@ -94,6 +96,16 @@ def _dynamo_plugin(config: TrainingConfig, fixed_shapes: bool) -> TorchDynamoPlu
     except (ValueError, KeyError):
         raise UsageError(f"--torch_compile_backend {config.torch_compile_backend!r} is not a torch.compile backend; "
                          "use inductor (the default) or aot_eager") from None
+
+
+def _check_compile_settings_took(accelerator: Accelerator, wanted: TorchDynamoPlugin | None) -> None:
+    # accelerate keeps one state per process and ignores a later Accelerator's compile settings, so
+    # a second run in one process (main() called twice) would silently train as the first did.
+    wanted = wanted or TorchDynamoPlugin()  # what accelerate builds from the environment
+    have = accelerator.state.dynamo_plugin
+    if (have.backend, have.dynamic) != (wanted.backend, wanted.dynamic):
+        raise UsageError(f"this process already trained with other --torch_compile settings ({have.backend.value}), "
+                         "which accelerate keeps for the process's lifetime; run each training in a process of its own")
 
 
 def _launched_distributed() -> bool:

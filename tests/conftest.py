@@ -42,3 +42,13 @@ def _unfreeze_after_run_cli():
     # calls it in the test process must not leave them frozen, or no later collection frees them.
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    # accelerate keeps one state per process (device, precision, compile settings) and ignores or
+    # refuses a later Accelerator's other settings; each test starts as a new process would.
+    yield
+    from tests import fixtures  # here, not at the top: the variables above come before any import of torch
+
+    fixtures.reset_accelerate_state()

@@ -15,7 +15,7 @@ from absl.testing import absltest, parameterized
 from accelerate import Accelerator
 
 import fine_tune_t5
-from t5_training import data, evaluation
+from t5_training import adapters, data, evaluation, modeling
 from t5_training.config import parse_config
 from t5_training.errors import UsageError
 from t5_training.modeling import load_tokenizer_and_model
@@ -185,6 +185,31 @@ class TeacherForcedByGroupTest(absltest.TestCase):
         self.assertAlmostEqual(results["loss"], float(loss.sum() / tokens.sum()), places=5)
         plain = evaluation.make_teacher_forced_evaluator(Accelerator(cpu=True), loader)(model)
         self.assertEqual(plain, {"loss": results["loss"], "accuracy": results["accuracy"]})
+
+
+class CompiledModelTest(absltest.TestCase):
+    def test_a_compiled_prompt_tuned_model_decodes_with_its_prompt(self):
+        # --torch_compile wraps the model; evaluation must still see the peft model underneath, or
+        # a prompt-tuned model would be decoded without its prompt. (Wrapping compiles nothing yet:
+        # evaluation runs the model beneath the wrapper, so the test costs no compile time.)
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        torch.manual_seed(0)
+        model = modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer)
+        config = parse_config(fine_tune_t5.FineTuneConfig, fixtures.fine_tune_args(
+            "unused", "--peft", "prompt_tuning", "--num_virtual_tokens", "4"))
+        model = adapters.apply(model, config, log=lambda *_: None).eval()
+        torch.nn.init.normal_(model.prompt_encoder.default.embedding.weight, std=5.0)  # a prompt that matters
+        ids = torch.tensor([[5, 9, 13, 1], [7, 11, 1, 0]])
+        batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([[4, 1], [6, 1]]),
+                 "decoder_input_ids": torch.tensor([[0, 4], [0, 6]])}
+        decoder = evaluation.GreedyDecoder(Accelerator(cpu=True), tokenizer, 4, None)
+        with torch.no_grad():
+            plain = decoder(model, batch)
+            compiled = decoder(torch.compile(model, backend="aot_eager"), batch)
+            unprompted = decoder(adapters.base_model(model), batch)
+        for want, got in zip(plain, compiled):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        self.assertFalse(torch.equal(plain[1], unprompted[1]), "the prompt changes the loss, so the check can fail")
 
 
 class ResolveDecodingTest(parameterized.TestCase):

@@ -160,6 +160,13 @@ def tensorboard_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
     return {key: sorted(values) for key, values in scalars.items()}
 
 
+def reset_accelerate_state() -> None:
+    """Forgets the process's accelerate state, as a new process starts: the next Accelerator sets it afresh."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def tiny_t5_config(**overrides):
     """A T5Config small enough to count its tensors by hand (memory and activation tests)."""
     import transformers

@@ -12,6 +12,7 @@ import tempfile
 from unittest import mock
 
 import torch
+from torch._dynamo.utils import counters as dynamo_counters  # what torch.compile has compiled
 from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -231,8 +232,13 @@ class TorchCompileTest(absltest.TestCase):
         # compile time; inductor itself runs in benchmarks/.
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             common = ["--max_steps", "3", "--save_steps", "3", "--dropout_rate", "0"]
+            dynamo_counters.clear()
             _run(a, *common)
+            self.assertEqual(dynamo_counters["stats"]["unique_graphs"], 0)
+            fixtures.reset_accelerate_state()  # as a new process: accelerate keeps the first run's settings
             _run(b, *common, "--torch_compile", "--torch_compile_backend", "aot_eager")
+            # It compiled: the model's forward became graphs (none when accelerate ignores the flag).
+            self.assertGreater(dynamo_counters["stats"]["unique_graphs"], 0)
             for x, y in zip(_losses(a), _losses(b)):
                 self.assertAlmostEqual(x, y, delta=1e-4 * abs(x))
             self.assertEqual(_weights(a).keys(), _weights(b).keys())  # saved without a compile wrapper's prefix

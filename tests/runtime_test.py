@@ -7,6 +7,8 @@ import transformers
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from accelerate.utils import TorchDynamoPlugin
+
 from t5_training import runtime
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
@@ -22,6 +24,11 @@ class TotalStepsTest(parameterized.TestCase):
     )
     def test_total_train_steps(self, kwargs, batches_per_epoch, expected):
         self.assertEqual(runtime.total_train_steps(TrainingConfig(**kwargs), batches_per_epoch), expected)
+
+def _accelerator_stand_in(**kwargs) -> mock.MagicMock:
+    """What build_accelerator reads back from the Accelerator it builds: the compile settings it took."""
+    return mock.MagicMock(state=mock.Mock(dynamo_plugin=kwargs["dynamo_plugin"] or TorchDynamoPlugin()))
+
 
 class DeviceInUseTest(parameterized.TestCase):
     """On a GPU host, a process told to use the CPU (the Slurm scripts' ACCELERATE_USE_CPU=1) is a CPU run."""
@@ -42,7 +49,7 @@ class DeviceInUseTest(parameterized.TestCase):
         tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         self.addCleanup(setattr, torch.backends.cudnn, "allow_tf32", tf32[1])
         self.addCleanup(setattr, torch.backends.cuda.matmul, "allow_tf32", tf32[0])
-        with gpu_host(**env), mock.patch.object(runtime, "Accelerator") as accelerator:
+        with gpu_host(**env), mock.patch.object(runtime, "Accelerator", side_effect=_accelerator_stand_in) as accelerator:
             runtime.build_accelerator(TrainingConfig(output_dir="unused"))
             self.environ = dict(os.environ)
         return accelerator.call_args.kwargs
@@ -81,12 +88,24 @@ class CompileTest(parameterized.TestCase):
     )
     def test_dynamic_shapes_only_where_batch_shapes_vary(self, fixed_shapes, dynamic):
         config = TrainingConfig(output_dir="unused", torch_compile=True)
-        with mock.patch.dict(os.environ), mock.patch.object(runtime, "Accelerator") as accelerator:
+        with mock.patch.dict(os.environ), mock.patch.object(runtime, "Accelerator",
+                                                            side_effect=_accelerator_stand_in) as accelerator:
             os.environ.pop("ACCELERATE_DYNAMO_USE_DYNAMIC", None)  # an accelerate config's choice
             runtime.build_accelerator(config, fixed_shapes=fixed_shapes)
         plugin = accelerator.call_args.kwargs["dynamo_plugin"]
         self.assertEqual((plugin.backend.value.lower(), plugin.dynamic), ("inductor", dynamic))
         self.assertEqual("dynamic" in plugin.to_kwargs(), dynamic is not None)
+
+    def test_a_second_run_in_one_process_with_other_compile_settings_is_refused(self):
+        # accelerate keeps the first Accelerator's compile settings for the whole process: without
+        # the check, the second run would train uncompiled and say nothing (the conftest resets the
+        # state after each test, as a new process would start).
+        runtime.build_accelerator(TrainingConfig(output_dir="unused"))
+        runtime.build_accelerator(TrainingConfig(output_dir="unused"))  # the same settings: fine
+        with self.assertRaisesRegex(UsageError, r"^this process already trained with other --torch_compile "
+                                                r"settings \(NO\), .* run each training in a process of its own$"):
+            runtime.build_accelerator(TrainingConfig(output_dir="unused", torch_compile=True,
+                                                     torch_compile_backend="aot_eager"))
 
 
 class PrepareTest(absltest.TestCase):
