@@ -268,8 +268,9 @@ def build_loaders(config: PreTrainConfig, train_data, eval_data, collator):
         train_data = corpus.EpochChunks(train_data)
     train = loader_class(train_data, batch_size=config.per_device_train_batch_size, collate_fn=collator,
                          **data.loader_workers(config, not config.streaming), **order)
+    # Workers and pinning as for training: each evaluation reads the whole held-out set.
     evaluation_loader = torch.utils.data.DataLoader(eval_data, batch_size=config.per_device_eval_batch_size,
-                                                    collate_fn=collator)
+                                                    collate_fn=collator, **data.loader_workers(config))
     return train, evaluation_loader
 
 

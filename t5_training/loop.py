@@ -103,7 +103,7 @@ def _micro_batches(accelerator: Accelerator, loader, state: TrainState, rows: in
             produced += 1
             # A stream's loader is not prepared (corpus.StreamLoader): its batches still have to
             # reach the device; a prepared loader's are there already, and .to() returns them.
-            yield {name: value.to(accelerator.device) for name, value in batch.items()}
+            yield {name: value.to(accelerator.device, non_blocking=True) for name, value in batch.items()}
         if not produced:
             # Otherwise an empty epoch would repeat forever (or hang the other processes).
             raise UsageError("the training data yields no batch on this process; add data or use fewer processes")

@@ -63,7 +63,9 @@ def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> 
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False, adjust_scheduler=False
         ),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
+        # Batches come from pinned memory where they go to a GPU (data.loader_workers): their copy
+        # then need not wait for the GPU to finish the step before it.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, non_blocking=not on_cpu),
         log_with=None if config.report_to == "none" else config.report_to,
         project_dir=config.output_dir,
         # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.

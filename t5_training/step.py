@@ -28,8 +28,10 @@ def window_counts(accelerator, window: list[dict], stop_requested: bool) -> torc
     """
     targets = sum((b["labels"] != -100).sum() for b in window)
     inputs = sum(b["attention_mask"].sum() for b in window)
-    samples = torch.tensor(sum(len(b["input_ids"]) for b in window), device=accelerator.device)
-    stop = torch.tensor(int(stop_requested), device=accelerator.device)
+    # torch.full writes the numbers on the device; torch.tensor would copy them from the host, which on
+    # a GPU waits for the work queued before it: a host sync every step.
+    samples = torch.full((), sum(len(b["input_ids"]) for b in window), device=accelerator.device)
+    stop = torch.full((), int(stop_requested), device=accelerator.device)
     local = torch.stack([targets, samples, inputs + targets, stop]).double()
     # No mutants: accelerate's reduce sums for any reduction but "mean" and "max", and "sum" is its default.
     return accelerator.reduce(local, reduction="sum")  # pragma: no mutate

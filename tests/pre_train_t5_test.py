@@ -285,6 +285,16 @@ class LoadersTest(absltest.TestCase):
         self.assertGreaterEqual(sum(first[k] != second[k] for k in first), 10)  # a few masks may repeat by chance
         self.assertEqual(epoch(1), second)
 
+    def test_evaluation_reads_with_the_training_workers(self):
+        # Each evaluation reads the whole held-out set: with --dataloader_num_workers its batches are
+        # collated in the workers too, as training's are, not on the process that trains.
+        config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
+            "unused", "--max_seq_length", "32", "--dataloader_num_workers", "2"))
+        packed = datasets.Dataset.from_dict({"input_ids": np.zeros((4, 8), dtype=np.int64), "idx": np.arange(4)})
+        train, evaluation_loader = pre_train_t5.build_loaders(config, packed, packed, collator=None)
+        self.assertEqual((train.num_workers, evaluation_loader.num_workers), (2, 2))
+        self.assertEqual(evaluation_loader.pin_memory, train.pin_memory)
+
 
 class CompileShapesTest(parameterized.TestCase):
     @parameterized.named_parameters(("span_corruption", "span_corruption", True), ("prefix_lm", "prefix_lm", True),

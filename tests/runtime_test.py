@@ -57,11 +57,13 @@ class DeviceInUseTest(parameterized.TestCase):
     def test_a_gpu_process_trains_on_the_gpu_in_bf16(self):
         built = self._built_with()
         self.assertEqual((built["cpu"], built["mixed_precision"], built["kwargs_handlers"]), (False, "bf16", []))
+        self.assertTrue(built["dataloader_config"].non_blocking)  # from pinned memory, without waiting
         self.assertNotIn("DS_ACCELERATOR", self.environ)
 
     def test_a_cpu_process_on_a_gpu_host_trains_on_the_cpu_in_fp32(self):
         built = self._built_with(ACCELERATE_USE_CPU="1")
         self.assertEqual((built["cpu"], built["mixed_precision"]), (True, "no"))
+        self.assertFalse(built["dataloader_config"].non_blocking)
         self.assertEqual(self.environ["DS_ACCELERATOR"], "cpu")
 
     def test_deepspeed_on_the_cpu_of_a_gpu_host_keeps_deepspeed_and_the_cpu(self):
