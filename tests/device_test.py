@@ -1,10 +1,35 @@
 """Tests for t5_training.device: whether this process trains on a CUDA GPU."""
 import os
+import re
+import subprocess
 
 from absl.testing import absltest, parameterized
 
 from t5_training import device
 from tests.simulated_gpu import gpu_host
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPU_CHECK = os.path.join(REPO, "tools", "gpu_check.sh")
+
+
+class GpuCheckScriptTest(absltest.TestCase):
+    """tools/gpu_check.sh runs only on a GPU machine, once per lent session: what can be checked here, is."""
+
+    def test_it_parses_and_names_test_files_and_flags_that_exist(self):
+        subprocess.run(["bash", "-n", GPU_CHECK], check=True)
+        with open(GPU_CHECK, encoding="utf-8") as f:
+            script = f.read()
+        named = re.findall(r"tests/\w+_test\.py", script)
+        self.assertGreaterEqual(len(named), 9)
+        for path in named:
+            self.assertTrue(os.path.isfile(os.path.join(REPO, path)), path)
+        bench = subprocess.run(["python", os.path.join(REPO, "benchmarks", "fine_tune_throughput.py"), "--help"],
+                               capture_output=True, text=True, check=True).stdout
+        command = re.findall(r"fine_tune_throughput\.py([^>]*)>", script.replace("\\\n", " "))[0]
+        flags = [word for word in command.split() if word.startswith("--")]
+        self.assertIn("--device", flags)
+        self.assertContainsSubset(flags, re.findall(r"--\w+", bench))
 
 
 class RunsOnCudaTest(parameterized.TestCase):
