@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
 import shutil
 import tempfile
@@ -62,14 +63,31 @@ def sentences(limit: int) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def tokenizer_dir(vocab_size: int = 1000) -> str:
     """A T5 SentencePiece tokenizer trained on the made sentences plus SST-2's label words."""
-    from t5_training.tools.tokenizer import train_tokenizer
+    from t5_training.tools import tokenizer
 
-    path = tempfile.mkdtemp(prefix="fixture-tokenizer-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
     # 100 copies of the label line make "positive" and "negative" one piece each and "sst2 sentence:"
     # the five pieces ▁s st 2 ▁sentence :, as the tests' golden lengths count them (50 leave
     # "negative" in four pieces on this text).
-    train_tokenizer(sentences(20000) + ["sst2 sentence: negative positive"] * 100, path, vocab_size=vocab_size)
+    texts = sentences(20000) + ["sst2 sentence: negative positive"] * 100
+    cache = os.environ.get("T5_TRAINING_FIXTURE_CACHE")
+    if cache:
+        # Kept across processes (tools/mutation.py sets it: each mutant's tests run in a new process,
+        # and training this tokenizer takes longer than most of them), under a name that changes
+        # with everything the tokenizer is made from.
+        with open(tokenizer.__file__, "rb") as f:
+            made_from = hashlib.sha256(f.read() + "\n".join(texts).encode() + str(vocab_size).encode()).hexdigest()
+        path = os.path.join(cache, f"tokenizer-{made_from[:16]}")
+        if not os.path.isdir(path):
+            tmp = tempfile.mkdtemp(prefix="tokenizer-", dir=os.makedirs(cache, exist_ok=True) or cache)
+            tokenizer.train_tokenizer(texts, tmp, vocab_size=vocab_size)
+            try:
+                os.rename(tmp, path)  # whole or not at all; another process may have got there first
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+    path = tempfile.mkdtemp(prefix="fixture-tokenizer-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    tokenizer.train_tokenizer(texts, path, vocab_size=vocab_size)
     return path
 
 

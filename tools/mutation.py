@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.chdir(Path(__file__).resolve().parent.parent)  # mutmut reads pyproject.toml and writes mutants/ here
+    # Each mutant's tests run in a process of their own: the fixture tokenizer is trained once and
+    # kept (tests/fixtures.py), not trained again for every mutant, which took longer than the tests.
+    os.environ.setdefault("T5_TRAINING_FIXTURE_CACHE", os.path.abspath("mutants/.fixture-cache"))
 
     from mutmut.configuration import config
 
