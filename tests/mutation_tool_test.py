@@ -2,6 +2,8 @@
 stay apart (docs/development.md, "Mutation testing")."""
 import importlib.util
 import os
+import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -39,3 +41,20 @@ class ParseArgsTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class FixtureCacheTest(absltest.TestCase):
+    """Each mutant's tests start a new process: the fixture tokenizer is trained once, then read back."""
+
+    def test_a_kept_tokenizer_is_reused_and_not_trained_again(self):
+        from t5_training.tools import tokenizer
+
+        build = fixtures.tokenizer_dir.__wrapped__  # past the per-process lru_cache, as a new process is
+        with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, T5_TRAINING_FIXTURE_CACHE=cache):
+            with mock.patch.object(tokenizer, "train_tokenizer", wraps=tokenizer.train_tokenizer) as train:
+                first, again = build(300), build(300)
+            self.assertEqual(train.call_count, 1)
+            self.assertEqual((os.path.dirname(first), again), (cache, first))
+            self.assertTrue(os.path.isfile(os.path.join(first, "tokenizer.json")))
+            self.assertEqual(os.listdir(cache), [os.path.basename(first)])  # no half-written folder left
+            self.assertNotEqual(build(320), first)  # another vocabulary, another tokenizer
