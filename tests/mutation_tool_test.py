@@ -43,6 +43,12 @@ if __name__ == "__main__":
     absltest.main()
 
 
+def _write_a_tokenizer(texts, path, vocab_size):
+    """What the cache sees of training (the real one takes 10-20 s): a folder with a tokenizer in it."""
+    with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(str(vocab_size))
+
+
 class FixtureCacheTest(absltest.TestCase):
     """Each mutant's tests start a new process: the fixture tokenizer is trained once, then read back."""
 
@@ -51,10 +57,10 @@ class FixtureCacheTest(absltest.TestCase):
 
         build = fixtures.tokenizer_dir.__wrapped__  # past the per-process lru_cache, as a new process is
         with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, T5_TRAINING_FIXTURE_CACHE=cache):
-            with mock.patch.object(tokenizer, "train_tokenizer", wraps=tokenizer.train_tokenizer) as train:
-                first, again = build(300), build(300)
+            with mock.patch.object(tokenizer, "train_tokenizer", side_effect=_write_a_tokenizer) as train:
+                first, again = build(1000), build(1000)
             self.assertEqual(train.call_count, 1)
             self.assertEqual((os.path.dirname(first), again), (cache, first))
             self.assertTrue(os.path.isfile(os.path.join(first, "tokenizer.json")))
             self.assertEqual(os.listdir(cache), [os.path.basename(first)])  # no half-written folder left
-            self.assertNotEqual(build(320), first)  # another vocabulary, another tokenizer
+            self.assertNotEqual(build(1200), first)  # another vocabulary, another tokenizer
