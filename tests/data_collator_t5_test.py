@@ -177,6 +177,8 @@ class DataCollatorT5Test(parameterized.TestCase):
         # segmentation fails there): capped at 40, one non-noise token between noise spans.
         ("d80_m3", 0.8, 3.0, 160, 40),
         ("tiny_mean", 0.1, 100.0, 20, 1),
+        # round(199.8) = 200 noise tokens leave none to keep: T5 caps the noise at length - 1.
+        ("d999_m3", 0.999, 3.0, 199, 1),
     )
     def test_noise_mask_counts_golden(self, density, mean_span, num_noise, num_spans):
         self.assertEqual(dc.span_counts(200, density, mean_span), (num_noise, 200 - num_noise, num_spans))
@@ -217,6 +219,12 @@ class DataCollatorT5Test(parameterized.TestCase):
         ("4_d15_m1", 4, 0.15, 1.0, (3, 1)),
         ("8_d15_m3", 8, 0.15, 3.0, (8, 2)),
         ("172_d15_m3", 172, 0.15, 3.0, (190, 38)),
+        # Density 0.5 with targets exactly as long as the inputs: nothing to trim (only longer ones are).
+        ("10_d50_m3", 10, 0.5, 3.0, (14, 10)),
+        ("17_d50_m3", 17, 0.5, 3.0, (24, 17)),
+        # A mean span below 1 (more spans than noise tokens): the first raw length tried, inputs_length - 1,
+        # already corrupts to more than the inputs hold, and is kept.
+        ("32_d15_m05", 32, 0.15, 0.5, (31, 16)),
     )
     def test_lengths_are_t5s_helper_at_every_length(self, input_length, density, mean_span, expected):
         self.assertEqual(dc.compute_input_and_target_lengths(input_length, density, mean_span), expected)
@@ -390,6 +398,118 @@ class DataCollatorT5Test(parameterized.TestCase):
         col = dc.DataCollatorForPrefixLM(self.tok, raw_length=64)
         with self.assertRaisesRegex(ValueError, "expected exactly 64"):
             col(self.examples(63, 1))
+
+    @parameterized.named_parameters(
+        # A side of one token is one segment, with no gap to cut: (length, density, mean, mask).
+        ("two_tokens", 2, 0.5, 3.0, [0, 1]),
+        ("one_noise_token", 4, 0.15, 3.0, [0, 0, 0, 1]),  # round(0.6) = 1 noise token
+        ("one_kept_token", 4, 0.7, 3.0, [0, 1, 1, 1]),  # round(2.8) = 3 noise tokens
+    )
+    def test_a_one_token_side_is_one_span(self, length, density, mean_span, expected):
+        mask = dc.random_spans_noise_mask(8, length, density, mean_span, np.random.default_rng(0))
+        np.testing.assert_array_equal(mask, np.tile(np.array(expected, dtype=bool), (8, 1)))
+
+    def test_a_row_after_one_whose_draws_all_fall_on_one_gap_keeps_its_mask(self):
+        # 6 tokens at density 0.5, mean 1.5: 3 noise tokens in 2 spans, one of 2 gaps cut. Row key 13169
+        # draws gap 0 in all 14 of its noise draws: the rows after it, whose smallest draw is that same
+        # gap, still take their own first draw, as they do alone.
+        keys = np.array([13169, 1, 13169, 4, 13169, 8], dtype=np.uint64)
+        together = dc.random_spans_noise_mask(6, 6, 0.5, 1.5, keys)
+        for row in range(6):
+            alone = dc.random_spans_noise_mask(1, 6, 0.5, 1.5, keys[row:row + 1])
+            np.testing.assert_array_equal(together[row], alone[0])
+        self.assertEqual(together[1].astype(int).tolist(), [0, 0, 1, 0, 1, 1])  # key 1 draws gap 0 first
+
+    def test_a_row_whose_first_draws_fall_short_draws_again(self):
+        # 26 tokens at density 0.5, mean 13 / 7: 13 noise tokens in 7 spans, 6 of their 12 gaps cut. Row key
+        # 6312622 finds only 5 distinct gaps in its first 27 noise draws: it draws more, and every row
+        # still gets exact counts and the mask it gets alone.
+        keys = np.array([6312622, 1, 2, 3], dtype=np.uint64)
+        mask = dc.random_spans_noise_mask(4, 26, 0.5, 13 / 7, keys)
+        np.testing.assert_array_equal(mask.sum(1), [13] * 4)
+        self.assertEqual([_noise_spans(row) for row in mask], [7] * 4)
+        for row in range(4):
+            alone = dc.random_spans_noise_mask(1, 26, 0.5, 13 / 7, keys[row:row + 1])
+            np.testing.assert_array_equal(mask[row], alone[0])
+
+    @parameterized.named_parameters(
+        # T5's random_prefix_noise_mask: min(length - 1, max(1, round((1 - 2 r) * float32(length - 1)))).
+        ("float32_half_up", 46, 0.15, 32),  # 0.7 * 45 = 31.5 in float32
+        ("quarter", 127, 0.25, 63),
+        ("half", 127, 0.5, 1),
+        ("nearly_all", 10, 0.01, 9),
+        ("two_tokens", 2, 0.5, 1),
+        ("one_token", 1, 0.5, 0),  # T5's min(0, max(1, 0)): no prefix to give
+    )
+    def test_min_prefix_length_is_t5s(self, length, density, expected):
+        self.assertEqual(dc.min_prefix_length(length, density), expected)
+
+    def test_prefix_split_is_uniform_above_the_densitys_bound(self):
+        # Density 0.25 over 11 tokens: prefixes of round(0.5 * 10) = 5 to 10 tokens, each as likely.
+        split = dc.random_prefix_split(np.random.default_rng(4), 6_000, 11, 0.25)
+        self.assertEqual(split.shape, (6_000, 1))
+        counts = np.bincount(split[:, 0], minlength=11)
+        self.assertEqual(np.flatnonzero(counts).tolist(), list(range(5, 11)))
+        self.assertLess(np.abs(counts[5:] / 6_000 - 1 / 6).max(), 0.02)
+
+    def test_prefix_splits_of_given_keys_are_pinned(self):
+        # A row's split is draw 0 of its PREFIX_SPLIT stream: pinned, so that a change to which draw is
+        # read (and to every run's data) shows here.
+        keys = np.arange(1, 9, dtype=np.uint64)
+        self.assertEqual(dc.random_prefix_split(keys, 8, 64)[:, 0].tolist(), [63, 59, 41, 8, 9, 52, 27, 34])
+        self.assertEqual(dc.random_prefix_split(keys, 8, 11, 0.25)[:, 0].tolist(), [10, 10, 8, 5, 5, 9, 7, 8])
+
+    def test_default_seed_is_zero(self):
+        rows = self.examples(141, 4)
+        for make in (lambda **kw: self.collator(128, **kw),
+                     lambda **kw: dc.DataCollatorForPrefixLM(self.tok, raw_length=141, **kw)):
+            default, zero, one = make()(rows), make(seed=0)(rows), make(seed=1)(rows)
+            self.assertTrue(torch.equal(default["input_ids"], zero["input_ids"]))
+            self.assertFalse(torch.equal(default["input_ids"], one["input_ids"]))
+
+    def test_prefix_lm_takes_two_token_chunks_and_refuses_one(self):
+        batch = dc.DataCollatorForPrefixLM(self.tok, raw_length=2)([{"input_ids": [5, 6], "idx": 0}])
+        self.assertEqual(batch["input_ids"].tolist(), [[5, EOS]])
+        self.assertEqual(batch["labels"].tolist(), [[6, EOS]])
+        with self.assertRaisesWithLiteralMatch(ValueError, "raw_length must be at least 2 to split a chunk, got 1"):
+            dc.DataCollatorForPrefixLM(self.tok, raw_length=1)
+
+    def test_sentinel_ids_by_name_and_their_errors(self):
+        np.testing.assert_array_equal(dc.sentinel_ids(self.tok, 3), [999, 998, 997])
+        self.assertEqual(dc.sentinel_ids(self.tok, 3).dtype, np.int64)
+        self.assertLen(dc.sentinel_ids(self.tok), 100)
+        with self.assertRaisesWithLiteralMatch(
+                ValueError, "num_sentinels=101 but the tokenizer only has <extra_id_0>..<extra_id_99>"):
+            dc.sentinel_ids(self.tok, 101)
+        no_sentinels = mock.Mock(get_vocab=lambda: {"<pad>": 0, "</s>": 1})
+        with self.assertRaisesWithLiteralMatch(
+                ValueError, "tokenizer has no sentinel token <extra_id_0>; span corruption needs <extra_id_0>, "
+                "<extra_id_1>, ... in its vocabulary"):
+            dc.sentinel_ids(no_sentinels)
+        with self.assertRaisesWithLiteralMatch(
+                ValueError, "chunks of 141 tokens get 7 noise spans, but only 5 sentinels (<extra_id_0>..<extra_id_4>) "
+                "are available"):
+            self.collator(128, num_sentinels=5)
+
+    def test_stack_chunks_gives_int64_and_names_bad_rows(self):
+        tokens = dc.stack_chunks([{"input_ids": np.arange(4, dtype=np.int32)}] * 2, 4)
+        self.assertEqual((tokens.dtype, tokens.shape), (np.int64, (2, 4)))
+        with self.assertRaisesWithLiteralMatch(ValueError, "cannot collate an empty batch"):
+            dc.stack_chunks([], 4)
+        with self.assertRaisesWithLiteralMatch(  # rows of different lengths: numpy cannot stack them
+                ValueError, "example 1 has input_ids of shape (3,); expected exactly 4 token ids (a packed chunk "
+                "of raw_length tokens, without EOS or padding)"):
+            dc.stack_chunks([{"input_ids": [1, 2, 3, 4]}, {"input_ids": [1, 2, 3]}], 4)
+        with self.assertRaisesWithLiteralMatch(ValueError, "input_ids must be 4 integer token ids per example"):
+            dc.stack_chunks([{"input_ids": ["a", "b", "c", "d"]}], 4)
+
+    def test_replace_runs_rows_keeping_different_numbers_of_tokens(self):
+        # Rows of one width whose runs leave 4, 6 and 1 tokens: each row EOS-terminated, then padded.
+        runs = np.array([[1, 1, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=bool)
+        out = dc.replace_runs(np.tile(np.arange(10, 16), (3, 1)), runs, 8, -100, np.array([99, 98]), EOS)
+        np.testing.assert_array_equal(out, [[99, 12, 13, 98, EOS, -100, -100, -100],
+                                            [10, 11, 12, 13, 14, 15, EOS, -100],
+                                            [99, EOS, -100, -100, -100, -100, -100, -100]])
 
 
 if __name__ == "__main__":

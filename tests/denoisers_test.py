@@ -1,5 +1,8 @@
 """Tests for denoisers: UL2's mixture of denoisers, on random token ids and a vocabulary-only tokenizer."""
 
+import os
+import tempfile
+
 from absl.testing import absltest, parameterized
 import numpy as np
 import torch
@@ -8,6 +11,7 @@ import yaml
 
 import data_collator_t5 as dc
 import denoisers as dn
+from t5_training import row_keys
 from t5_training.errors import UsageError
 
 EOS, PAD = 1, 0
@@ -15,6 +19,7 @@ MODES = {"[NLU]": 700, "[NLG]": 701, "[S2S]": 702}
 SENTINEL_0 = 999  # <extra_id_i> = 999 - i; text is drawn from [2, 700)
 MODEL_KEYS = ["attention_mask", "decoder_input_ids", "input_ids", "labels"]
 UL2 = {d.name: d for d in dn.UL2_DENOISERS}
+KEYS = "name, kind, mean_noise_span_length, noise_density, mode_token, rate"  # a mixture entry's, as messages list them
 
 
 class Vocabulary:
@@ -318,6 +323,123 @@ class DenoisersTest(parameterized.TestCase):
                               lengths=np.array([2, 2]))
         np.testing.assert_array_equal(out, [[0, 99, EOS], [99, EOS, -100]])
 
+    def test_ul2_entries_are_span_denoisers_unless_their_mean_is_none(self):
+        # UL2_DENOISERS are built at import; _ul2 itself, called here, is what builds them.
+        self.assertEqual(dn._ul2("r", 3.0, 0.15, "[NLU]"), dn.Denoiser("r", "span", 3.0, 0.15, "[NLU]"))
+        self.assertEqual(dn._ul2("s", None, 0.25, "[S2S]"), dn.Denoiser("s", "prefix", None, 0.25, "[S2S]"))
+
+    @parameterized.named_parameters(
+        ("unnamed", [{"kind": "span"}], "mixture entry 0 (unnamed): missing name, mean_noise_span_length, "
+                                        "noise_density, mode_token, rate"),
+        ("span_without_mean", [dict(name="a", kind="span", noise_density=0.15, mode_token="[NLU]", rate=1)],
+         "mixture entry 0 (a): missing mean_noise_span_length"),
+        ("unknown_only", [dict(name="a", kind="prefix", noise_density=0.5, mode_token="[S2S]", rate=1, span=3, x=1)],
+         "mixture entry 0 (a): unknown keys ['span', 'x'] (the keys are " + KEYS + ")"),
+        ("unknown_and_missing", [dict(name="a", kind="span", span=3)], "mixture entry 0 (a): unknown keys ['span'] "
+         "(the keys are " + KEYS + "); missing mean_noise_span_length, noise_density, mode_token, rate"),
+        ("rate_true", [dict(name="a", kind="prefix", noise_density=0.5, mode_token="[S2S]", rate=True)],
+         "mixture entry 0 (a): rate must be a number > 0, got True"),
+        ("rate_text", [dict(name="a", kind="prefix", noise_density=0.5, mode_token="[S2S]", rate="3")],
+         "mixture entry 0 (a): rate must be a number > 0, got '3'"),
+        ("unknown_name", "ul3", "unknown mixture 'ul3'; known: ul2, or a list of denoisers with the keys " + KEYS),
+        ("empty", [], "a mixture is a name (ul2) or a non-empty list of denoisers, got []"),
+        ("not_a_mapping", ["R"], "mixture entry 0 must be a mapping with the keys " + KEYS + ", got 'R'"),
+    )
+    def test_parser_messages_in_full(self, spec, message):
+        with self.assertRaisesWithLiteralMatch(ValueError, message):
+            dn.parse_mixture(spec)
+
+    @parameterized.named_parameters(
+        ("no_name", dict(name=5), "a denoiser needs a non-empty name, got 5"),
+        ("empty_name", dict(name=""), "a denoiser needs a non-empty name, got ''"),
+        ("density_text", dict(noise_density="0.5"),
+         "denoiser 'x': noise_density must be a number in (0, 1), got '0.5'"),
+        ("mean_text", dict(mean_noise_span_length="3"), "denoiser 'x': mean_noise_span_length must be a number >= 1, "
+                                                        "got '3'"),
+        ("prefix_density_zero", dict(kind="prefix", mean_noise_span_length=None, noise_density=0),
+         "denoiser 'x': noise_density must be a number in (0, 0.5], got 0"),
+    )
+    def test_denoiser_refuses(self, change, message):
+        fields = dict(name="x", kind="span", mean_noise_span_length=3.0, noise_density=0.15, mode_token="[NLU]")
+        with self.assertRaisesWithLiteralMatch(ValueError, message):
+            dn.Denoiser(**{**fields, **change})
+
+    def test_denoiser_bounds_that_are_allowed(self):
+        # A span denoiser may put more than half the chunk in noise, and have spans of one token on average.
+        self.assertEqual(dn.Denoiser("x", "span", 1, 0.6, "[NLG]").mean_noise_span_length, 1)
+        self.assertEqual(dn.Denoiser("x", "prefix", None, 0.5, "[S2S]").noise_density, 0.5)
+
+    def test_read_mixture(self):
+        self.assertEqual(dn.read_mixture(None), (dn.UL2_DENOISERS, dn.UL2_RATES))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "mix.yaml")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write('- {name: "é", kind: prefix, noise_density: 0.5, mode_token: "[S2S]", rate: 2}\n')
+            self.assertEqual(dn.read_mixture(path), ((dn.Denoiser("é", "prefix", None, 0.5, "[S2S]"),), (2.0,)))
+            with self.assertRaisesWithLiteralMatch(
+                    UsageError, f"--denoisers {tmp}/none.yaml: No such file or directory; pass a YAML file that lists "
+                    "the denoisers"):
+                dn.read_mixture(os.path.join(tmp, "none.yaml"))
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("[]\n")
+            with self.assertRaisesWithLiteralMatch(
+                    UsageError, f"--denoisers {path}: a mixture is a name (ul2) or a non-empty list of denoisers, "
+                    "got []"):
+                dn.read_mixture(path)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("- {name: a\n")
+            with self.assertRaisesRegex(UsageError, rf"^--denoisers {path}: while parsing a flow mapping$"):
+                dn.read_mixture(path)
+
+    def test_denoiser_draws_of_given_rows_are_pinned(self):
+        # A row's denoiser is draw 0 of its DENOISER stream: pinned, so that a change to which draw is read
+        # (and to every UL2 run's data) shows here.
+        col = collator(32)
+        ids = col(examples(col.raw_length, 16))["denoiser_ids"]
+        self.assertEqual(ids.tolist(), [5, 6, 5, 3, 0, 2, 3, 5, 5, 6, 4, 4, 1, 5, 2, 6])
+        self.assertTrue(torch.equal(ids, collator(32, seed=0)(examples(col.raw_length, 16))["denoiser_ids"]))
+        self.assertFalse(torch.equal(ids, collator(32, seed=1)(examples(col.raw_length, 16))["denoiser_ids"]))
+        default_seed = dn.DataCollatorForDenoiserMixture(Vocabulary(), input_length=32, denoisers=dn.UL2_DENOISERS,
+                                                         rates=dn.UL2_RATES)
+        self.assertTrue(torch.equal(ids, default_seed(examples(col.raw_length, 16))["denoiser_ids"]))
+
+    def test_collator_arguments_refused_in_full(self):
+        r, s = UL2["R_3_0.15"], UL2["S_0.25"]
+        for kw, message in (
+                (dict(input_length=32, denoisers=[r, s], rates=[1]),
+                 "give one rate per denoiser: 2 denoisers, 1 rates"),
+                (dict(input_length=32, denoisers=[r, s], rates=[1, 0]), "rates must all be > 0, got [1.0, 0.0]"),
+                (dict(input_length=3, denoisers=[r], rates=[1]),
+                 "input_length must be at least 4 (mode token, text, EOS), got 3"),
+                (dict(input_length=32, denoisers=[r], rates=[1], tokenizer=Vocabulary(modes={})),
+                 "the tokenizer has no single token for the mode tokens ['[NLU]']; add them with "
+                 "tokenizer.add_special_tokens({'additional_special_tokens': ['[NLU]']}), save it, and resize the "
+                 "model's embeddings (model.resize_token_embeddings(len(tokenizer)))"),
+                (dict(input_length=512, denoisers=dn.UL2_DENOISERS, rates=dn.UL2_RATES, tokenizer=Vocabulary(100)),
+                 "denoiser 'X_3_0.5' puts 127 noise spans in a 512-token input, but the tokenizer has only 100 "
+                 "sentinels (<extra_id_0>..<extra_id_99>); add more, shorten input_length, or drop that denoiser")):
+            with self.assertRaisesWithLiteralMatch(ValueError, message):
+                dn.DataCollatorForDenoiserMixture(kw.pop("tokenizer", Vocabulary()), **kw)
+        # The shortest input: mode token, one token of text, EOS (a span row corrupts 2 raw tokens to 3).
+        batch = dn.DataCollatorForDenoiserMixture(Vocabulary(), input_length=4, denoisers=[r, s],
+                                                  rates=[1, 1])(examples(3, 8))
+        self.assertEqual(batch["input_ids"].shape, (8, 4))
+
+    def test_a_draw_on_a_rate_boundary_goes_to_the_later_denoiser(self):
+        # Row idx -7749262743173450307 of seed 0 (found by inverting row_keys' SplitMix64 steps) draws exactly
+        # 0.5: of two equal rates, draws in [0, 0.5) take the first denoiser and [0.5, 1) the second.
+        col = collator(32, ["R_3_0.15", "S_0.25"])
+        row = {"input_ids": examples(col.raw_length, 1)[0]["input_ids"], "idx": -7749262743173450307}
+        key = row_keys.stream(row_keys.row_keys(0, [row["idx"]]), row_keys.DENOISER)
+        self.assertEqual(row_keys.uniforms(key, 0).tolist(), [0.5])
+        self.assertEqual(col([row])["denoiser_ids"].tolist(), [1])
+
+    def test_a_prefix_only_mixture_needs_no_sentinels(self):
+        col = dn.DataCollatorForDenoiserMixture(Vocabulary(sentinels=0), input_length=32, denoisers=[UL2["S_0.25"]],
+                                                rates=[1])
+        self.assertLen(col.sentinel_ids, 0)
+        self.assertEqual(col(examples(col.raw_length, 4))["input_ids"].shape, (4, 32))
+
 
 class ResumeCheckTest(parameterized.TestCase):
     """A checkpoint resumes only into the mixture of denoisers (or the absence of one) it was made with."""
@@ -327,6 +449,15 @@ class ResumeCheckTest(parameterized.TestCase):
     def test_the_same_mixture_or_none_on_both_sides_resumes(self):
         dn.check_same_mixture(self.UL2, dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512), "ckpt")
         dn.check_same_mixture({}, {}, "ckpt")
+
+    def test_uneven_rates_are_shown_as_shares(self):
+        saved = dn.describe(dn.UL2_DENOISERS[:2], [3.0, 1.0], 64)
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, "checkpoint ckpt was pretrained on another mixture of denoisers (R_3_0.15 75%, "
+                "R_8_0.15 25% at 64 tokens) than this run's (R_3_0.15 50%, R_8_0.15 50% at 64 tokens); resume with "
+                "its --denoisers file (unchanged) and --max_seq_length, or start a new run from its weights with "
+                "--model_name_or_path"):
+            dn.check_same_mixture(saved, dn.describe(dn.UL2_DENOISERS[:2], [1.0, 1.0], 64), "ckpt")
 
     @parameterized.named_parameters(
         ("ul2_resumed_as_another_objective", UL2, {}, r"pretrained with --objective ul2 \(R_3_0.15 14%.* at 512 "
