@@ -692,6 +692,38 @@ class WriteFailureTest(_TmpDirTest):
         self.assertTrue(os.path.isdir(partial))
         accelerator.wait_for_everyone.assert_not_called()
 
+    def test_the_failure_flag_is_reduced_on_the_processes_device(self):
+        # NCCL reduces CUDA tensors only: the flag is made on accelerator.device (the meta device stands in for a GPU).
+        reduced = []
+
+        def reduce(flag, reduction):
+            reduced.append((flag.device, flag.shape))
+            return torch.zeros(1)  # no process failed
+
+        accelerator = mock.Mock(num_processes=2, device=torch.device("meta"), is_main_process=True)
+        accelerator.reduce.side_effect = reduce
+        checkpoint.agree_on_write(accelerator, None, os.path.join(self.out, ".tmp-step-000002"),
+                                  os.path.join(self.out, "step-000002"), self.out)
+        self.assertEqual(reduced, [(torch.device("meta"), (1,))])
+
+    def test_a_target_in_a_missing_folder_has_no_free_space_to_report(self):
+        missing = os.path.join(self.root, "gone")
+        with self.assertRaises(WriteError) as raised:
+            checkpoint.agree_on_write(self.accelerator, OSError(2, "No such file or directory"),
+                                      os.path.join(missing, "best.tmp"), os.path.join(missing, "best"), missing)
+        self.assertEqual(str(raised.exception), f"could not write {missing}/best (No such file or directory; 0.0 MiB "
+                         f"free in {missing}); no earlier checkpoint exists, and nothing half-written was left: free "
+                         "space and rerun with --resume_from_checkpoint auto")
+
+    def test_a_rust_writers_error_becomes_the_os_error_it_names(self):
+        def write():
+            raise Exception("failed to write tensor (os error 28)")
+
+        error = checkpoint._attempt(write)
+        self.assertIsInstance(error, OSError)
+        self.assertEqual((error.errno, error.strerror), (28, os.strerror(28)))
+        self.assertIsNone(checkpoint._attempt(lambda: None))
+
     def test_a_failed_export_keeps_the_previous_one(self):
         model = self.accelerator.prepare(_tiny_t5())
         path = os.path.join(self.out, "best")
