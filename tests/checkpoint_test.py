@@ -630,7 +630,7 @@ class WriteFailureTest(_TmpDirTest):
         self.accelerator = accelerate.Accelerator(cpu=True)
         # 1.5 MiB free wherever asked: the message reports it to one decimal.
         patcher = mock.patch.object(checkpoint.shutil, "disk_usage", return_value=_Usage(0, 0, 3 * 2**19))
-        patcher.start()
+        self.disk_usage = patcher.start()
         self.addCleanup(patcher.stop)
 
     def _save_failing(self, step, error):
@@ -714,6 +714,26 @@ class WriteFailureTest(_TmpDirTest):
         self.assertEqual(str(raised.exception), f"could not write {missing}/best (No such file or directory; 0.0 MiB "
                          f"free in {missing}); no earlier checkpoint exists, and nothing half-written was left: free "
                          "space and rerun with --resume_from_checkpoint auto")
+
+    def test_the_free_space_is_that_of_the_targets_folder(self):
+        os.makedirs(self.out)
+        with self.assertRaisesRegex(WriteError, "1.5 MiB free in "):
+            checkpoint.agree_on_write(self.accelerator, OSError(28, "No space left on device"),
+                                      os.path.join(self.out, ".tmp-step-000002"), os.path.join(self.out, "step-000002"),
+                                      self.out)
+        self.disk_usage.assert_called_once_with(self.out)
+
+    def test_only_the_main_process_finishes_a_checkpoint(self):
+        # Every process saves its part (its RNG state); the main one alone writes the state and the manifest,
+        # and renames the folder.
+        accelerator = mock.Mock(num_processes=2, device="cpu", is_main_process=False,
+                                distributed_type=DistributedType.MULTI_CPU)
+        accelerator.save_state.side_effect = lambda folder: _make_step_dir(*os.path.split(folder), complete=False)
+        accelerator.reduce.side_effect = lambda flag, reduction: flag
+        os.makedirs(self.out)
+        checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=2))
+        self.assertEqual(fixtures.snapshot(self.out), {".tmp-step-000002/": None,
+                                                       ".tmp-step-000002/weights.bin": b".tmp-step-000002"})
 
     def test_a_rust_writers_error_becomes_the_os_error_it_names(self):
         def write():
