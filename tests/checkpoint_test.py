@@ -1,12 +1,9 @@
 """Tests for t5_training.checkpoint: atomic saves, resuming, rotation, output folders and exports."""
 
 import collections
-import contextlib
 import json
-import locale
 import os
 import shutil
-import sys
 import tempfile
 from unittest import mock
 
@@ -43,18 +40,6 @@ def _make_shards(path):
     for i in range(2):
         with open(os.path.join(path, "pytorch_model", f"shard_{i}.pt"), "w") as f:
             f.write("12345")
-
-
-@contextlib.contextmanager
-def _ascii_locale():
-    """The C locale while the block runs: open() without an encoding then reads ASCII, as on a host
-    without a UTF-8 locale (Python's UTF-8 mode, fixed at start, would read UTF-8 anyway)."""
-    previous = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, previous)
 
 
 def _tiny_t5():
@@ -479,8 +464,6 @@ class SaveLoadTest(_TmpDirTest):
 
     def test_files_are_read_as_utf8_whatever_the_locale(self):
         # A manifest and a state file holding UTF-8 beyond ASCII (as another JSON writer leaves them).
-        if sys.flags.utf8_mode:
-            self.skipTest("Python's UTF-8 mode reads UTF-8 under any locale")
         accelerator, _, _ = self._accelerated(0)
         state = TrainState(step=1, mixture={"files": ["données.jsonl"]})
         path = checkpoint.save_checkpoint(accelerator, self.out, state)
@@ -491,7 +474,7 @@ class SaveLoadTest(_TmpDirTest):
         with open(os.path.join(named, checkpoint.MANIFEST), "w", encoding="utf-8") as f:
             json.dump({"step": 2, "files": {"poids-é.bin": len("step-000002")}}, f, ensure_ascii=False)
         restored = TrainState()
-        with _ascii_locale():
+        with fixtures.ascii_locale():
             self.assertTrue(checkpoint.is_complete(named))
             checkpoint.load_checkpoint(accelerator, path, restored)
         self.assertEqual(restored.mixture, {"files": ["données.jsonl"]})
