@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import shutil
 import tempfile
 from unittest import mock
 
@@ -185,6 +186,15 @@ class RotateCheckpointsTest(_TmpDirTest):
         checkpoint.rotate_checkpoints(self.out, 2, keep_step=1)
         self.assertEqual(self._remaining(), ["step-000001", "step-000002", "step-000003"])
 
+    def test_a_checkpoint_deleted_meanwhile_is_no_error(self):
+        # Another process (or a user) removed the oldest between listing and deleting.
+        self._fill([1, 2, 3])
+        listed = checkpoint.list_checkpoints(self.out)
+        shutil.rmtree(listed[0])
+        with mock.patch.object(checkpoint, "list_checkpoints", return_value=listed):
+            checkpoint.rotate_checkpoints(self.out, 1)
+        self.assertEqual(self._remaining(), ["step-000003"])
+
 
 class PrepareOutputDirTest(_TmpDirTest):
 
@@ -241,6 +251,18 @@ class PrepareOutputDirTest(_TmpDirTest):
         path = os.path.join(self.out, "step-000002")
         self.assertEqual(checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint=path), path)
         self.assertEqual(fixtures.snapshot(self.out), before)
+
+    @parameterized.named_parameters(
+        ("no_resume", None, "is not empty; pass --overwrite_output_dir to start over there, --resume_from_checkpoint "
+                            "auto to continue, or choose a new folder"),
+        ("auto_without_checkpoint", "auto", "is not empty but holds no complete checkpoint to resume; add "
+                                            "--overwrite_output_dir to start over there, or choose a new folder"))
+    def test_the_refusals_say_what_to_pass(self, resume, message):
+        os.makedirs(self.out)
+        _make_step_dir(self.out, "step-000006", complete=False)
+        with self.assertRaises(UsageError) as raised:
+            checkpoint.check_output_dir(self.out, overwrite=False, resume_from_checkpoint=resume)
+        self.assertEqual(str(raised.exception), f"--output_dir {self.out} {message}")
 
     def test_resume_incomplete_path_raises_before_deleting(self):
         self._fill()
@@ -423,6 +445,63 @@ class SaveLoadTest(_TmpDirTest):
         scheduler.step()
         self.assertAlmostEqual(optimizer.param_groups[0]["lr"], 0.1 * (1 - 3 / 8), places=12)
 
+    def test_the_save_kill_point_comes_before_the_checkpoint_is_complete(self):
+        # The resume tests crash a run there (T5_TRAINING_KILL_AT=save:S): the state is written, not yet marked.
+        accelerator, _, _ = self._accelerated(0)
+        seen = []
+
+        def at_kill_point(site, step):
+            seen.append((site, step, sorted(os.listdir(self.out)),
+                         sorted(os.listdir(os.path.join(self.out, ".tmp-step-000005")))))
+
+        with mock.patch.object(checkpoint, "kill_point", side_effect=at_kill_point):
+            checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=5))
+        self.assertLen(seen, 1)
+        site, step, folders, written = seen[0]
+        self.assertEqual((site, step, folders), ("save", 5, [".tmp-step-000005"]))
+        self.assertIn("model.safetensors", written)
+        self.assertNotIn(checkpoint.MANIFEST, written)
+
+    def test_files_are_read_as_utf8_whatever_the_locale(self):
+        # A manifest and a state file holding UTF-8 beyond ASCII (as another JSON writer leaves them).
+        accelerator, _, _ = self._accelerated(0)
+        state = TrainState(step=1, mixture={"files": ["données.jsonl"]})
+        path = checkpoint.save_checkpoint(accelerator, self.out, state)
+        with open(os.path.join(path, checkpoint.STATE_FILE), "w", encoding="utf-8") as f:
+            json.dump(state.state_dict(), f, ensure_ascii=False)
+        named = _make_step_dir(self.root, "step-000002")
+        os.rename(os.path.join(named, "weights.bin"), os.path.join(named, "poids-é.bin"))
+        with open(os.path.join(named, checkpoint.MANIFEST), "w", encoding="utf-8") as f:
+            json.dump({"step": 2, "files": {"poids-é.bin": len("step-000002")}}, f, ensure_ascii=False)
+        restored = TrainState()
+        with fixtures.ascii_locale():
+            self.assertTrue(checkpoint.is_complete(named))
+            checkpoint.load_checkpoint(accelerator, path, restored)
+        self.assertEqual(restored.mixture, {"files": ["données.jsonl"]})
+
+    def test_the_refusal_of_pickled_objects_says_what_to_do(self):
+        os.makedirs(self.out)
+        open(os.path.join(self.out, "custom_checkpoint_0.pkl"), "w").close()
+        with self.assertRaises(UsageError) as raised:
+            checkpoint.load_checkpoint(None, self.out, TrainState())  # refused before anything is loaded
+        self.assertEqual(str(raised.exception), (
+            f"checkpoint {self.out} was written by an earlier version that pickled its scheduler "
+            "(custom_checkpoint_*.pkl), which is not unpickled for safety; resume it with that version, or start over "
+            "with --overwrite_output_dir"))
+
+    @parameterized.named_parameters(
+        ("first_line_only", RuntimeError("  storage is truncated\nat offset 40 "), "RuntimeError: storage is truncated"),
+        ("no_message", EOFError(), "EOFError: EOFError"),
+        ("long_message_cut", ValueError("x" * 300), "ValueError: " + "x" * 200))
+    def test_a_load_failure_is_named_by_its_type_and_first_line(self, error, reason):
+        os.makedirs(self.out)
+        with mock.patch.object(checkpoint, "_load_state", side_effect=error):
+            with self.assertRaises(UsageError) as raised:
+                checkpoint.load_checkpoint(None, self.out, TrainState())
+        self.assertEqual(str(raised.exception), f"checkpoint {self.out} could not be loaded ({reason}); it is damaged: "
+                         "pass an earlier checkpoint, or 'auto' after deleting this one")
+        self.assertIsNone(raised.exception.__cause__)
+
 
 class ExportModelTest(_TmpDirTest):
 
@@ -464,6 +543,64 @@ class ExportModelTest(_TmpDirTest):
         loaded = transformers.T5ForConditionalGeneration.from_pretrained(path)
         torch.testing.assert_close(loaded.shared.weight, model.shared.weight, rtol=0, atol=0)
 
+    def test_the_gathered_state_dict_is_exported_with_the_tokenizer_and_nothing_stale(self):
+        # Under ZeRO-3 the model's own tensors are placeholders: the weights are the ones get_state_dict gathers.
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = accelerator.prepare(_tiny_t5())
+        gathered = {name: value + 1.0 for name, value in model.state_dict().items()}
+        path = os.path.join(self.out, "best")
+        _make_step_dir(self.out, "best.tmp")  # stale from a killed export: none of it may reach the new one
+        with mock.patch.object(accelerator, "get_state_dict", return_value=gathered) as get_state_dict:
+            checkpoint.export_model(accelerator, model, _Tokenizer(), path)
+        get_state_dict.assert_called_once_with(model)
+        self.assertEqual(sorted(os.listdir(self.out)), ["best"])
+        files = os.listdir(path)
+        self.assertIn("tokenizer.json", files)
+        self.assertNotIn("weights.bin", files)
+        self.assertNotIn(checkpoint.MANIFEST, files)
+        loaded = transformers.T5ForConditionalGeneration.from_pretrained(path).state_dict()
+        for key, value in gathered.items():
+            torch.testing.assert_close(loaded[key], value, rtol=0, atol=0, msg=key)
+
+    def test_an_adapter_model_is_written_by_the_adapters_module(self):
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = accelerator.prepare(_tiny_t5())
+        unwrapped = accelerator.unwrap_model(model)
+        gathered = model.state_dict()
+        path = os.path.join(self.out, "best")
+
+        def save_adapter(adapter_model, state_dict, folder, final=None):
+            os.makedirs(os.path.join(folder, "adapter"))
+            open(os.path.join(folder, "adapter", "adapter_model.safetensors"), "w").close()
+
+        with mock.patch.object(accelerator, "get_state_dict", return_value=gathered), \
+                mock.patch.object(checkpoint.adapters, "is_adapter_model", side_effect=lambda m: m is unwrapped), \
+                mock.patch.object(checkpoint.adapters, "save_pretrained", side_effect=save_adapter) as save:
+            checkpoint.export_model(accelerator, model, None, path)
+        save.assert_called_once_with(unwrapped, gathered, f"{path}.tmp", final=path)
+        self.assertEqual(fixtures.snapshot(self.out), {"best/": None, "best/adapter/": None,
+                                                       "best/adapter/adapter_model.safetensors": b""})
+
+    def test_only_the_main_process_writes(self):
+        # Every process gathers the weights (a collective under ZeRO-3); one writes, and all agree on the outcome.
+        model = _tiny_t5()
+        accelerator = mock.Mock(num_processes=2, device="cpu", is_main_process=False)
+        accelerator.unwrap_model.return_value = model
+        accelerator.get_state_dict.return_value = model.state_dict()
+        accelerator.reduce.side_effect = lambda flag, reduction: flag
+        checkpoint.export_model(accelerator, model, _Tokenizer(), os.path.join(self.out, "best"))
+        accelerator.get_state_dict.assert_called_once_with(model)
+        accelerator.reduce.assert_called_once()
+        self.assertFalse(os.path.exists(self.out))
+
+
+class _Tokenizer:
+    """Writes a tokenizer file where save_pretrained is told to."""
+
+    def save_pretrained(self, folder):
+        with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+            f.write("{}")
+
 
 _Usage = collections.namedtuple("_Usage", "total used free")
 
@@ -476,7 +613,7 @@ class WriteFailureTest(_TmpDirTest):
         self.accelerator = accelerate.Accelerator(cpu=True)
         # 1.5 MiB free wherever asked: the message reports it to one decimal.
         patcher = mock.patch.object(checkpoint.shutil, "disk_usage", return_value=_Usage(0, 0, 3 * 2**19))
-        patcher.start()
+        self.disk_usage = patcher.start()
         self.addCleanup(patcher.stop)
 
     def _save_failing(self, step, error):
@@ -538,6 +675,58 @@ class WriteFailureTest(_TmpDirTest):
         self.assertTrue(os.path.isdir(partial))
         accelerator.wait_for_everyone.assert_not_called()
 
+    def test_the_failure_flag_is_reduced_on_the_processes_device(self):
+        # NCCL reduces CUDA tensors only: the flag is made on accelerator.device (the meta device stands in for a GPU).
+        reduced = []
+
+        def reduce(flag, reduction):
+            reduced.append((flag.device, flag.shape))
+            return torch.zeros(1)  # no process failed
+
+        accelerator = mock.Mock(num_processes=2, device=torch.device("meta"), is_main_process=True)
+        accelerator.reduce.side_effect = reduce
+        checkpoint.agree_on_write(accelerator, None, os.path.join(self.out, ".tmp-step-000002"),
+                                  os.path.join(self.out, "step-000002"), self.out)
+        self.assertEqual(reduced, [(torch.device("meta"), (1,))])
+
+    def test_a_target_in_a_missing_folder_has_no_free_space_to_report(self):
+        missing = os.path.join(self.root, "gone")
+        with self.assertRaises(WriteError) as raised:
+            checkpoint.agree_on_write(self.accelerator, OSError(2, "No such file or directory"),
+                                      os.path.join(missing, "best.tmp"), os.path.join(missing, "best"), missing)
+        self.assertEqual(str(raised.exception), f"could not write {missing}/best (No such file or directory; 0.0 MiB "
+                         f"free in {missing}); no earlier checkpoint exists, and nothing half-written was left: free "
+                         "space and rerun with --resume_from_checkpoint auto")
+
+    def test_the_free_space_is_that_of_the_targets_folder(self):
+        os.makedirs(self.out)
+        with self.assertRaisesRegex(WriteError, "1.5 MiB free in "):
+            checkpoint.agree_on_write(self.accelerator, OSError(28, "No space left on device"),
+                                      os.path.join(self.out, ".tmp-step-000002"), os.path.join(self.out, "step-000002"),
+                                      self.out)
+        self.disk_usage.assert_called_once_with(self.out)
+
+    def test_only_the_main_process_finishes_a_checkpoint(self):
+        # Every process saves its part (its RNG state); the main one alone writes the state and the manifest,
+        # and renames the folder.
+        accelerator = mock.Mock(num_processes=2, device="cpu", is_main_process=False,
+                                distributed_type=DistributedType.MULTI_CPU)
+        accelerator.save_state.side_effect = lambda folder: _make_step_dir(*os.path.split(folder), complete=False)
+        accelerator.reduce.side_effect = lambda flag, reduction: flag
+        os.makedirs(self.out)
+        checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=2))
+        self.assertEqual(fixtures.snapshot(self.out), {".tmp-step-000002/": None,
+                                                       ".tmp-step-000002/weights.bin": b".tmp-step-000002"})
+
+    def test_a_rust_writers_error_becomes_the_os_error_it_names(self):
+        def write():
+            raise Exception("failed to write tensor (os error 28)")
+
+        error = checkpoint._attempt(write)
+        self.assertIsInstance(error, OSError)
+        self.assertEqual((error.errno, error.strerror), (28, os.strerror(28)))
+        self.assertIsNone(checkpoint._attempt(lambda: None))
+
     def test_a_failed_export_keeps_the_previous_one(self):
         model = self.accelerator.prepare(_tiny_t5())
         path = os.path.join(self.out, "best")
@@ -580,6 +769,26 @@ class TrainableOnlyTest(_TmpDirTest):
         self.assertLen(load_file(os.path.join(whole, "model.safetensors")), 4)
         checkpoint.load_checkpoint(other_accelerator, whole, TrainState())
         torch.testing.assert_close(other[0].weight, model[0].weight, rtol=0, atol=0)
+
+    def test_each_models_weights_load_from_its_own_file(self):
+        # accelerate writes the second prepared model's weights to model_1.safetensors.
+        def two_models(seed):
+            accelerator = accelerate.Accelerator(cpu=True)
+            torch.manual_seed(seed)
+            models = [torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+                      for _ in range(2)]
+            for model in models:
+                model[0].requires_grad_(False)
+            return accelerator, accelerator.prepare(*models)
+
+        accelerator, saved = two_models(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1), trainable_only=True)
+        self.assertIn("model_1.safetensors", os.listdir(path))
+        other_accelerator, loaded = two_models(1)
+        checkpoint.load_checkpoint(other_accelerator, path, TrainState(), trainable_only=True)
+        for want, got in zip(saved, loaded):
+            torch.testing.assert_close(got[2].weight, want[2].weight, rtol=0, atol=0)
+            torch.testing.assert_close(got[2].bias, want[2].bias, rtol=0, atol=0)
 
     def test_another_adapter_is_refused(self):
         accelerator, model = self._model(0)

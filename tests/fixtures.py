@@ -10,10 +10,13 @@ seconds) into a temporary folder.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
+import locale
 import os
 import shutil
+import sys
 import tempfile
 import unittest
 from unittest import mock
@@ -133,6 +136,20 @@ def snapshot(root: str) -> dict:
             with open(path, "rb") as f:
                 found[os.path.relpath(path, root)] = f.read()
     return found
+
+
+@contextlib.contextmanager
+def ascii_locale():
+    """The C locale while the block runs: open() without an encoding then reads ASCII, as on a host
+    without a UTF-8 locale. Skips the test under Python's UTF-8 mode (fixed at start), which reads UTF-8 anyway."""
+    if sys.flags.utf8_mode:
+        raise unittest.SkipTest("Python's UTF-8 mode reads UTF-8 under any locale")
+    previous = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, previous)
 
 
 class TempDirTestCase(parameterized.TestCase):

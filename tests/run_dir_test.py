@@ -69,6 +69,12 @@ class RunDirTest(fixtures.TempDirTestCase):
         _write(os.path.join(self.dir, "train_results.json"), '{"train_steps": 4')  # half-written
         self.assertIsNone(run_dir.read_results(self.dir))
 
+    def test_files_are_read_as_utf8_whatever_the_locale(self):
+        # A results file holding UTF-8 beyond ASCII (as another JSON writer leaves it).
+        _write(os.path.join(self.dir, "eval_results.json"), '{"task": "données", "accuracy": 81.0}')
+        with fixtures.ascii_locale():
+            self.assertEqual(run_dir.read_final_eval(self.dir), {"task": "données", "accuracy": 81.0})
+
     def test_a_state_without_evaluations_has_none(self):
         _checkpoint(self.dir, 2, [3.0], evals=None)  # from before "evals" was saved
         self.assertEqual(run_dir.read_losses(self.dir), [3.0])
