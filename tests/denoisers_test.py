@@ -13,6 +13,7 @@ import data_collator_t5 as dc
 import denoisers as dn
 from t5_training import row_keys
 from t5_training.errors import UsageError
+from tests import fixtures
 
 EOS, PAD = 1, 0
 MODES = {"[NLU]": 700, "[NLG]": 701, "[S2S]": 702}
@@ -376,6 +377,8 @@ class DenoisersTest(parameterized.TestCase):
             with open(path, "w", encoding="utf-8") as f:
                 f.write('- {name: "é", kind: prefix, noise_density: 0.5, mode_token: "[S2S]", rate: 2}\n')
             self.assertEqual(dn.read_mixture(path), ((dn.Denoiser("é", "prefix", None, 0.5, "[S2S]"),), (2.0,)))
+            with fixtures.ascii_locale():  # read as UTF-8 also where the locale's codec is ASCII
+                self.assertEqual(dn.read_mixture(path)[0][0].name, "é")
             with self.assertRaisesWithLiteralMatch(
                     UsageError, f"--denoisers {tmp}/none.yaml: No such file or directory; pass a YAML file that lists "
                     "the denoisers"):

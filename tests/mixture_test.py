@@ -14,6 +14,7 @@ from accelerate.data_loader import prepare_data_loader
 from constants import GLUE
 from t5_training import mixture
 from t5_training.errors import UsageError
+from tests import fixtures
 
 # T5's GLUE mixture weights (t5/data/glue_utils.py, get_glue_weight_mapping): the training split sizes.
 GLUE_TRAIN_ROWS = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "qqp": 363849, "stsb": 5749, "mnli": 392702,
@@ -255,6 +256,15 @@ class TrainedRowsTest(absltest.TestCase):
                       "rows_trained": len(small), "distinct_rows": len(set(small))}})
         self.assertEqual(logged, [f"mixture: big {len(big)} rows ({100 * len(big) / 56:.2f}% vs 75.00% configured), "
                                   f"small {len(small)} rows ({100 * len(small) / 56:.2f}% vs 25.00% configured)"])
+
+    def test_task_names_are_written_as_utf8_whatever_the_locale(self):
+        # A user's task may have any name; the rows file is UTF-8 also where the locale's codec is ASCII.
+        sampler = _sampler([3, 2], [0.5, 0.5], epoch_rows=4)
+        with tempfile.TemporaryDirectory() as out, fixtures.ascii_locale():
+            mixture.write_trained_rows(out, ["größe", "ß"], sampler, 1, 0, log=lambda *_: None)
+            with open(os.path.join(out, mixture.ROWS_FILE), encoding="utf-8") as f:
+                names = {row.split("\t")[1] for row in f.read().splitlines()[1:]}
+        self.assertEqual(names, {"größe", "ß"})
 
     def test_one_row_trained(self):
         # A single row drawn: its task's realised rate is all of it, the other's none.
