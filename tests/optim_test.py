@@ -210,6 +210,8 @@ class AdamWScaleTest(parameterized.TestCase):
         self.assertAlmostEqual(loss.item(), 5.0, places=6)
         rms = math.sqrt(2.5)  # first step: lr * rms * sign(grad)
         torch.testing.assert_close(param.data, torch.tensor([1.0 - 0.1 * rms, -2.0 + 0.1 * rms]))
+        param.grad = torch.ones(2)
+        self.assertIsNone(optimizer.step())  # no closure, no loss
 
     def test_defaults_are_adams(self):
         optimizer = optim.AdamWScale([torch.nn.Parameter(torch.ones(2))])
