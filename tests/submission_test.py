@@ -296,8 +296,26 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
     def test_repeated_index(self):
         with open(os.path.join(self.dir, "rte", "test.tsv"), "a", encoding="utf-8") as f:
             f.write("0\tA.\tB.\n")
-        with self.assertRaisesRegex(UsageError, r"^test split: index 0 appears more than once"):
+        with self.assertRaisesRegex(UsageError, r"^test split: index 0 appears more than once, and the leaderboard "
+                                                r"scores each test row once; use the original test file$"):
             self._load("rte", os.path.join(self.dir, "rte"))
+
+    def test_empty_test_file_names_its_split(self):
+        with open(os.path.join(self.dir, "mnli", "test_matched.tsv"), "w", encoding="utf-8") as f:
+            f.write(FAKE_TEST_FILES["mnli/test_matched.tsv"][0] + "\n")
+        with self.assertRaisesRegex(UsageError, r"^test_matched split is empty; point the run at a file with rows$"):
+            self._load("mnli", os.path.join(self.dir, "mnli"))
+
+    def test_a_missing_optional_split_skips_only_itself(self):
+        # Wherever it stands in the entry's splits: the ones after it are still read.
+        os.remove(os.path.join(self.dir, "diagnostic", "diagnostic.tsv"))
+        mnli = get_entry("glue", "mnli")
+        ax_first = dataclasses.replace(mnli, submission=dataclasses.replace(
+            mnli.submission, splits=(mnli.submission.splits[-1], *mnli.submission.splits[:-1])))
+        warned = []
+        splits = submission.load_test_splits(ax_first, data_dir=os.path.join(self.dir, "mnli"), warn=warned.append)
+        self.assertEqual(sorted(splits), ["test_matched", "test_mismatched"])
+        self.assertLen(warned, 1)
 
     def test_task_without_test_split(self):
         with self.assertRaisesRegex(UsageError, r"this task has no test split; drop --do_predict"):
