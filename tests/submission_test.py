@@ -393,6 +393,16 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
                                            tokenizer, lambda line: None, data_dir=self._rte_folder("mixture-rte"))
         self.assertLen(tests["test"], 3)
 
+    def test_built_without_the_diagnostic_set_warns_through_warn(self):
+        os.remove(os.path.join(self.dir, "diagnostic", "diagnostic.tsv"))
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        warned = []
+        tests = submission.build_test_data(get_entry("glue", "mnli"), self._config(os.path.join(self.dir, "mnli")),
+                                           tokenizer, lambda line: None, warn=warned.append)
+        self.assertEqual(sorted(tests), ["test_matched", "test_mismatched"])
+        self.assertLen(warned, 1)
+        self.assertStartsWith(warned[0], "WARNING: AX.tsv will not be written")
+
     def test_built_with_trust_remote_code_reaching_the_hub_loader(self):
         flags = []
 
