@@ -118,9 +118,13 @@ class AdamWScale(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            # As torch.optim's: the closure recomputes the loss and its gradients, which need autograd.
+            with torch.enable_grad():
+                loss = closure()
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
-            loss = closure() if closure is not None else None
             for group in self.param_groups:
                 beta1, beta2 = group["betas"]
                 for p in group["params"]:

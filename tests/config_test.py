@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import locale
 import os
 import runpy
 import sys
@@ -15,7 +16,9 @@ from absl.testing.absltest import mock
 import fine_tune_t5  # importing the script must not start a run
 import pre_train_t5
 from tests import fixtures
-from t5_training.config import TrainingConfig, config_to_dict, parse_config
+from transformers import HfArgumentParser
+
+from t5_training.config import TrainingConfig, config_to_dict, given_flags, parse_config
 from t5_training.errors import UsageError
 
 FineTuneConfig = fine_tune_t5.FineTuneConfig
@@ -130,7 +133,8 @@ class ParseConfigTest(parameterized.TestCase):
         ("not_an_int", ["--seed", "abc"], r"--seed: invalid int value: 'abc'"),
         ("not_a_bool", ["--gradient_checkpointing", "maybe"], r"Truthy value expected"),
         ("negative_eval_steps", ["--eval_steps", "-5"], r"--eval_steps must be >= 0, got -5"),
-        ("nothing_to_train", ["--max_steps", "0", "--num_train_epochs", "0"], r"nothing to train"),
+        ("nothing_to_train", ["--max_steps", "0", "--num_train_epochs", "0"],
+         r"^nothing to train: set --max_steps or --num_train_epochs to a positive number$"),
         ("short_source", ["--max_source_length", "1"], r"--max_source_length and --max_target_length"),
         ("one_file_only", ["--train_file", "a.csv"], r"pass both --train_file and --validation_file"),
         ("evaluate_nothing", ["--do_train", "false"],
@@ -144,6 +148,53 @@ class ParseConfigTest(parameterized.TestCase):
     def test_invalid_values(self, words, message):
         with self.assertRaisesRegex(UsageError, message):
             parse(*words)
+
+    @parameterized.named_parameters(
+        # An unset rate and schedule are the optimizer's (OPTIMIZER_DEFAULTS); typed ones stay.
+        ("adamw", [], 3e-4, "linear"),
+        ("adafactor", ["--optim", "adafactor"], 1e-3, "constant"),
+        ("typed", ["--optim", "adafactor", "--lr_scheduler_type", "cosine", "--learning_rate", "2e-3"], 2e-3,
+         "cosine"),
+    )
+    def test_unset_rate_and_schedule_follow_the_optimizer(self, words, learning_rate, schedule):
+        config = parse(*words)
+        self.assertEqual((config.learning_rate, config.lr_scheduler_type), (learning_rate, schedule))
+
+    @parameterized.named_parameters(
+        ("one_step", ["--max_steps", "1", "--num_train_epochs", "0"], 1, 0.0),
+        ("half_an_epoch", ["--num_train_epochs", "0.5"], -1, 0.5),
+    )
+    def test_the_least_training_is_accepted(self, words, max_steps, epochs):
+        # "Nothing to train" is max_steps <= 0 with epochs <= 0: one step or half an epoch is something.
+        config = parse(*words)
+        self.assertEqual((config.max_steps, config.num_train_epochs), (max_steps, epochs))
+
+    def test_zero_learning_rate_is_refused(self):
+        with self.assertRaisesRegex(UsageError, r"^--learning_rate must be positive, got 0.0$"):
+            parse("--learning_rate", "0")
+
+    def test_value_holding_equals_signs(self):
+        # --flag=value splits at the first "=" only, for the unknown-flag check and the flags given alike.
+        self.assertEqual(parse("--run_name=lr=1e-4", "--output_dir=a=b").run_name, "lr=1e-4")
+
+    def test_given_flags_counts_config_fields_only(self):
+        parser = HfArgumentParser(FineTuneConfig)
+        given = given_flags(parser, ["-h", "--seed=3", "--lora-r", "4", "--run_name", "--not_a_flag", "x"])
+        self.assertEqual(given, {"seed", "lora_r", "run_name"})
+
+    def test_a_config_without_check_given(self):
+        # check_given is optional: the shared TrainingConfig has none.
+        config = parse_config(TrainingConfig, ["--seed", "3", "--max_steps=5"])
+        self.assertEqual((type(config), config.seed, config.max_steps), (TrainingConfig, 3, 5))
+
+    def test_no_args_file_beside_the_script_is_read(self):
+        # HfArgumentParser can put the words of <script>.args before the command line; a run takes only its own.
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "fine_tune_t5.args"), "w", encoding="utf-8") as f:
+                f.write("--seed 5 --run_name from-the-args-file\n")
+            with mock.patch.object(sys, "argv", [os.path.join(folder, "fine_tune_t5.py")]):
+                config = parse("--learning_rate", "1e-4")
+        self.assertEqual((config.seed, config.run_name, config.learning_rate), (42, None, 1e-4))
 
     def test_frozen(self):
         config = parse("--seed", "3")
@@ -172,6 +223,9 @@ class FlagsWithoutEffectTest(parameterized.TestCase):
         ("lora_without_peft", ["--lora_r", "16", "--lora_alpha", "32"],
          f"--lora_r and --lora_alpha apply to --peft lora, {WHOLE_MODEL}: add --peft lora, or drop them"),
         ("lora_targets_without_peft", ["--lora_target_modules=q,k,v"],
+         f"--lora_target_modules applies to --peft lora, {WHOLE_MODEL}: add --peft lora, or drop it"),
+        # Typed as --flag=value whose value holds "=": still a flag given.
+        ("lora_targets_with_equals_in_the_value", ["--lora_target_modules=q=v"],
          f"--lora_target_modules applies to --peft lora, {WHOLE_MODEL}: add --peft lora, or drop it"),
         ("lora_dropout_with_ia3", ["--peft", "ia3", "--lora_dropout", "0.1"],
          "--lora_dropout applies to --peft lora, and this run trains --peft ia3: drop it, or use --peft lora"),
@@ -322,6 +376,40 @@ class ConfigFileTest(fixtures.TempDirTestCase):
     def test_bad_json(self):
         with self.assertRaisesRegex(UsageError, r"is not valid JSON"):
             parse("--config", self._write("x.json", '{"seed": 3,'))
+
+    def test_path_holding_equals_signs(self):
+        # --config=PATH splits at the first "=": the rest is the path, "=" and all (sweep files are named so).
+        path = self._write("lr=1e-4,seed=7.yaml", "seed: 7\n")
+        self.assertEqual(parse("--config=" + path).seed, 7)
+
+    def test_json_file_is_read_as_json(self):
+        # YAML would read this file; a .json one is JSON's, and the message quotes its parser's first line.
+        path = self._write("run.json", "seed: 3\n")
+        with self.assertRaises(UsageError) as raised:
+            parse("--config", path)
+        self.assertEqual(str(raised.exception),
+                         f"--config file {path} is not valid JSON: Expecting value: line 1 column 1 (char 0)")
+
+    def test_list_values_become_one_flag_with_several_words(self):
+        path = self._write("run.yaml", "train_file: [a.txt, b.txt]\n")
+        config = parse_config(pre_train_t5.PreTrainConfig, ["--config", path])
+        self.assertEqual(config.train_file, ["a.txt", "b.txt"])
+
+    def test_yaml_booleans_are_written_as_the_command_line_spells_them(self):
+        # YAML reads `yes` as a boolean: it arrives as "true"; other text keeps its case.
+        path = self._write("run.yaml", "run_name: yes\noutput_dir: Runs/MyRun\n")
+        config = parse("--config", path)
+        self.assertEqual((config.run_name, config.output_dir), ("true", "Runs/MyRun"))
+
+    def test_file_is_read_as_utf8_whatever_the_locale(self):
+        path = self._write("run.yaml", "run_name: caf\u00e9 \u2013 r\u00e9sum\u00e9\n")
+        old = locale.setlocale(locale.LC_CTYPE)
+        try:
+            locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale, where open() would default to ASCII
+            config = parse("--config", path)
+        finally:
+            locale.setlocale(locale.LC_CTYPE, old)
+        self.assertEqual(config.run_name, "caf\u00e9 \u2013 r\u00e9sum\u00e9")
 
     def test_config_without_path(self):
         with self.assertRaisesRegex(UsageError, r"--config file '' not found"):

@@ -39,6 +39,8 @@ class LrMultiplierTest(parameterized.TestCase):
         ("linear_past_end", "linear", 20, 4, 14, 0.0),
         ("linear_no_warmup_start", "linear", 0, 0, 10, 1.0),
         ("linear_no_warmup_mid", "linear", 3, 0, 10, 0.7),
+        # One decay step: progress is (step - warmup) / (total - warmup), down to 0 at `total`.
+        ("linear_one_decay_step", "linear", 5, 4, 5, 0.0),
         # Cosine: 0.5 * (1 + cos(pi * progress)), flat at 0 after `total`.
         ("cosine_start", "cosine", 0, 0, 100, 1.0),
         ("cosine_quarter", "cosine", 25, 0, 100, 0.5 * (1 + math.sqrt(0.5))),
@@ -81,6 +83,8 @@ class WarmupStepsTest(parameterized.TestCase):
         ("ratio_rounds_up", 0, 0.1, 45, 5),
         ("ratio_float_noise_0_07", 0, 0.07, 100, 7),
         ("ratio_float_noise_0_14", 0, 0.14, 50, 7),
+        # Rounded to 6 decimals: a product within 5e-7 of a whole step is that step.
+        ("ratio_within_a_millionth", 0, 0.070000004, 100, 7),
         ("steps_win_over_ratio", 3, 0.5, 50, 3),
         ("steps_alone", 8, 0.0, 50, 8),
         ("neither", 0, 0.0, 50, 0),
@@ -162,6 +166,57 @@ class AdamWScaleTest(parameterized.TestCase):
         optim.AdamWScale([param], lr=0.1, weight_decay=0.5, eps=1e-12).step()
         torch.testing.assert_close(param.data, torch.full((4,), 2.0 * (1 - 0.1 * 0.5)))
 
+    def test_steps_match_adam_with_bias_correction_rms_scale_and_decay(self):
+        # Three steps worked out in float64 from the update rule: the moments' bias correction
+        # changes with the step count, the RMS is the weights' before the step, decay comes first.
+        lr, (beta1, beta2), eps, decay = 0.05, (0.8, 0.9), 1e-6, 0.1
+        weights = [0.5, -1.5, 2.0]
+        grads = [[0.3, -0.2, 0.1], [-0.5, 0.4, 0.2], [0.1, 0.1, -0.3]]
+        param = torch.nn.Parameter(torch.tensor(weights))
+        optimizer = optim.AdamWScale([param], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=decay)
+        m, v = [0.0] * 3, [0.0] * 3
+        for t, grad in enumerate(grads, start=1):
+            param.grad = torch.tensor(grad)
+            optimizer.step()
+            rms = max(math.sqrt(sum(w * w for w in weights) / 3), 1e-3)
+            m = [beta1 * a + (1 - beta1) * g for a, g in zip(m, grad)]
+            v = [beta2 * b + (1 - beta2) * g * g for b, g in zip(v, grad)]
+            weights = [w * (1 - lr * decay) - lr / (1 - beta1 ** t) * a / (math.sqrt(b / (1 - beta2 ** t)) + eps) * rms
+                       for w, a, b in zip(weights, m, v)]
+            torch.testing.assert_close(param.data, torch.tensor(weights), msg=f"step {t}")
+        self.assertEqual(optimizer.state[param]["step"], 3)
+
+    def test_a_parameter_without_gradient_is_skipped_not_the_rest(self):
+        idle, moved = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+        moved.grad = torch.tensor([1.0, -1.0])
+        optimizer = optim.AdamWScale([idle, moved], lr=0.1, eps=1e-12)
+        optimizer.step()
+        torch.testing.assert_close(idle.data, torch.ones(2))
+        torch.testing.assert_close(moved.data, torch.tensor([0.9, 1.1]))
+        self.assertNotIn(idle, optimizer.state)
+
+    def test_step_runs_the_closure_with_gradients_and_returns_its_loss(self):
+        # torch.optim's contract: the closure recomputes the loss and its gradients, so it runs with grad enabled.
+        param = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+        optimizer = optim.AdamWScale([param], lr=0.1, eps=1e-12)
+
+        def closure():
+            optimizer.zero_grad()
+            loss = (param ** 2).sum()
+            loss.backward()
+            return loss
+
+        loss = optimizer.step(closure)
+        self.assertAlmostEqual(loss.item(), 5.0, places=6)
+        rms = math.sqrt(2.5)  # first step: lr * rms * sign(grad)
+        torch.testing.assert_close(param.data, torch.tensor([1.0 - 0.1 * rms, -2.0 + 0.1 * rms]))
+        param.grad = torch.ones(2)
+        self.assertIsNone(optimizer.step())  # no closure, no loss
+
+    def test_defaults_are_adams(self):
+        optimizer = optim.AdamWScale([torch.nn.Parameter(torch.ones(2))])
+        self.assertEqual(optimizer.defaults, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})
+
     def test_selected_by_optim_flag(self):
         model = torch.nn.Linear(4, 4)
         optimizer = optim.build_optimizer(model, TrainingConfig(optim="adamw_scale", learning_rate=0.02))
@@ -212,6 +267,25 @@ class BuildOptimizerTest(parameterized.TestCase):
         self.assertEqual(no_decay_group["weight_decay"], 0.0)
         self.assertEqual([p.shape for p in decay_group["params"]], [(4, 3), (2, 4)])
         self.assertEqual([p.shape for p in no_decay_group["params"]], [(4,), (4,), (4,), (2,)])
+
+    def test_layer_norms_are_not_decayed_whatever_their_shape(self):
+        # The rule is by name as well as by shape: a 2-D weight named layer_norm is a scale, not a matrix to decay.
+        model = torch.nn.ModuleDict({"dense": torch.nn.Linear(3, 3, bias=False),
+                                     "layer_norm": torch.nn.Linear(3, 3, bias=False)})
+        decay_group, no_decay_group = optim.build_optimizer(model, _config(weight_decay=0.1)).param_groups
+        self.assertEqual(decay_group["params"], [model["dense"].weight])
+        self.assertEqual(no_decay_group["params"], [model["layer_norm"].weight])
+
+    def test_adamw_scale_gets_the_flags_betas_and_eps(self):
+        config = _config(optim="adamw_scale", adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6)
+        optimizer = optim.build_optimizer(torch.nn.Linear(3, 2), config)
+        self.assertEqual([(g["betas"], g["eps"]) for g in optimizer.param_groups], [((0.8, 0.95), 1e-6)] * 2)
+
+    def test_adamw_is_fused_unless_deepspeed_drives_it(self):
+        # Fused on CPU (and CUDA); under DeepSpeed, ZeRO drives the client optimizer, which stays unfused.
+        self.assertIs(optim.build_optimizer(torch.nn.Linear(3, 2), _config()).defaults["fused"], True)
+        ds_config = {"zero_optimization": {"stage": 2}}
+        self.assertIs(optim.build_optimizer(torch.nn.Linear(3, 2), _config(), ds_config).defaults["fused"], False)
 
     def test_frozen_parameters_are_left_out(self):
         model = torch.nn.Linear(3, 2)
@@ -320,6 +394,41 @@ class DeepSpeedOptimizerTest(parameterized.TestCase):
         with self.assertRaisesRegex(UsageError, message) as raised:
             optim.build_optimizer(torch.nn.Linear(3, 2), _config(**flags), {**_ds_config(), **ds_overrides})
         self.assertNotIn("\n", str(raised.exception))
+
+    @parameterized.named_parameters(
+        ("scheduler_block", {}, {"scheduler": {"type": "WarmupLR", "params": {}}},
+         'the DeepSpeed config has a "scheduler" block, but --lr_scheduler_type schedules the learning rate here; '
+         'remove the block'),
+        ("other_optim_flag", {"optim": "adamw_scale"}, {},
+         '--optim adamw_scale cannot run with a DeepSpeed config that has an "optimizer" block (DeepSpeed builds that '
+         "optimizer); remove the block to run it as ZeRO's client optimizer, or pass --optim adamw_torch"),
+        ("adam_without_adamw_mode", {}, {"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}},
+         '--optim adamw_torch means AdamW, but the DeepSpeed config\'s optimizer is "Adam"; use "type": "AdamW"'),
+        ("no_type", {}, {"optimizer": {"params": {}}},
+         '--optim adamw_torch means AdamW, but the DeepSpeed config\'s optimizer is null; use "type": "AdamW"'),
+        # A number-like value DeepSpeed cannot take: "auto" stands for lr only.
+        ("eps_auto", {}, {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "eps": "auto"}}},
+         'the DeepSpeed config\'s optimizer has "eps": "auto" but --adam_epsilon gives 1e-08; make them agree '
+         '("auto" works for lr only)'),
+    )
+    def test_refusals_in_full(self, flags, ds_overrides, message):
+        with self.assertRaises(UsageError) as raised:
+            optim.build_optimizer(torch.nn.Linear(3, 2), _config(**flags), {**_ds_config(), **ds_overrides})
+        self.assertEqual(str(raised.exception), message)
+
+    @parameterized.named_parameters(
+        # DeepSpeed's Adam is AdamW unless adam_w_mode is false; any case of the type name.
+        ("adam", {"type": "Adam", "params": {"lr": "auto"}}),
+        ("adam_in_adamw_mode", {"type": "adam", "params": {"lr": "auto", "adam_w_mode": True}}),
+        # Keys left out take DeepSpeed's defaults (lr 1e-3, betas 0.9 and 0.999, eps 1e-8): equal to these flags.
+        ("no_params", {"type": "AdamW"}),
+        ("no_betas_or_eps", {"type": "AdamW", "params": {"lr": 1e-3}}),
+    )
+    def test_blocks_that_agree_with_the_flags_are_accepted(self, block):
+        config = _config(learning_rate=1e-3)
+        optimizer = optim.build_optimizer(torch.nn.Linear(3, 2), config, {"optimizer": block})
+        self.assertIsInstance(optimizer, DummyOptim)
+        self.assertEqual(optimizer.lr, 1e-3)
 
     def test_numbers_equal_to_the_flags_are_accepted(self):
         ds_config = _ds_config(lr=3e-4, betas=[0.9, 0.98], eps=1e-6)

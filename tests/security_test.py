@@ -79,7 +79,7 @@ class ExportFormatTest(fixtures.TempDirTestCase):
         self.assertIn("model.safetensors", checkpoint_files)
 
 
-class TrackerSecretsTest(absltest.TestCase):
+class TrackerSecretsTest(parameterized.TestCase):
 
     def test_secret_values_and_secret_named_fields_are_redacted(self):
         import dataclasses
@@ -107,6 +107,31 @@ class TrackerSecretsTest(absltest.TestCase):
         config = WithFiles(train_file=["a.txt", "b-0123456789abcdef.txt"])
         logged = config_for_trackers(config, environ={"WANDB_API_KEY": "0123456789abcdef"})
         self.assertEqual(logged["train_file"], f"a.txt, {REDACTED}")
+
+    @parameterized.named_parameters(
+        # An environment variable ending in TOKEN is a secret whoever owns it (a flag named so is not).
+        ("ci_job_token", {"CI_JOB_TOKEN": "glcbt-0123456789"}, "glcbt-0123456789", True),
+        # Values of 8 characters or more are looked for; shorter ones would match ordinary text.
+        ("eight_characters", {"HF_TOKEN": "hf_12345"}, "run-hf_12345", True),
+        ("seven_characters", {"HF_TOKEN": "hf_1234"}, "run-hf_1234", False),
+    )
+    def test_values_of_secret_environment_variables_are_redacted(self, environ, run_name, redacted):
+        logged = config_for_trackers(TrainingConfig(run_name=run_name), environ=environ)
+        self.assertEqual(logged["run_name"], REDACTED if redacted else run_name)
+
+    def test_unset_secret_named_fields_are_sent_as_they_are(self):
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class WithTokens(TrainingConfig):
+            hub_token: str | None = None
+            use_auth_token: bool = False
+
+        # Empty, None and False hold no secret: the tracker shows them unset; True is redacted like any value.
+        logged = config_for_trackers(WithTokens(hub_token=""), environ={})
+        self.assertEqual((logged["hub_token"], logged["use_auth_token"]), ("", False))
+        logged = config_for_trackers(WithTokens(use_auth_token=True), environ={})
+        self.assertEqual((logged["hub_token"], logged["use_auth_token"]), (None, REDACTED))
 
     def test_trackers_get_the_redacted_config(self):
         accelerator = mock.Mock()
@@ -136,6 +161,12 @@ class SecretNameTest(parameterized.TestCase):
                               ("WANDB_API_KEY", True), ("TOKENIZERS_PARALLELISM", False), ("HOME", False))
     def test_environment_names(self, name, secret):
         self.assertEqual(is_secret_name(name, environment=True), secret)
+
+    @parameterized.parameters("", "_", "__", "--")
+    def test_names_without_words(self, name):
+        # The shell's `_` (the last command's path) is in many environments: no secret.
+        self.assertFalse(is_secret_name(name))
+        self.assertFalse(is_secret_name(name, environment=True))
 
     @parameterized.parameters(fine_tune_t5.FineTuneConfig, pre_train_t5.PreTrainConfig)
     def test_no_flag_of_either_script_is_redacted(self, config_class):

@@ -11,11 +11,13 @@ import csv
 import dataclasses
 import io
 import json
+import locale
 import math
 import os
 import re
 import statistics
 import tempfile
+import types
 import zipfile
 from unittest import mock
 
@@ -23,7 +25,7 @@ import datasets
 from absl.testing import absltest, parameterized
 
 import fine_tune_t5
-from t5_training import data, run_dir, submission
+from t5_training import data, modeling, run_dir, submission
 from t5_training.errors import UsageError
 from t5_training.tasks import get_entry, make_formatter
 from tests import fixtures, made_data
@@ -66,8 +68,26 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
     def test_fallback(self):
         self.assertEqual(submission.fallback(get_entry("glue", "mnli"), [1, 2, 2, 0, 1]), 1)
         self.assertEqual(submission.fallback(get_entry("glue", "stsb"), [0.5, 1.0, 3.0]), 1.5)
-        with self.assertRaisesRegex(ValueError, "no training labels"):
+        with self.assertRaisesRegex(ValueError, "^no training labels to take the fallback from$"):
             submission.fallback(get_entry("glue", "sst2"), [])
+
+    def test_a_score_without_range_is_written_unclipped(self):
+        stsb = get_entry("glue", "stsb")
+        unbounded = dataclasses.replace(stsb, submission=dataclasses.replace(stsb.submission, score_range=None))
+        self.assertEqual([submission.written_form(unbounded, x) for x in (7.25, -3.0)], ["7.250", "-3.000"])
+        self.assertEqual([submission.written_form(stsb, x) for x in (7.25, -3.0)], ["5.000", "0.000"])
+
+    def test_file_is_written_as_utf8_whatever_the_locale(self):
+        # Indices are the test file's text; under an ASCII locale open() would refuse "\u00e9".
+        entry = get_entry("glue", "sst2")
+        old = locale.setlocale(locale.LC_CTYPE)
+        try:
+            locale.setlocale(locale.LC_CTYPE, "C")
+            path, _ = submission.write_task_file(entry, entry.submission.splits[0], ["caf\u00e9-1"], ["positive"],
+                                                 [1], self.dir)
+        finally:
+            locale.setlocale(locale.LC_CTYPE, old)
+        self.assertEqual(_read_lines(path), ["index\tprediction", "caf\u00e9-1\t1"])
 
     def test_rows_and_predictions_must_pair(self):
         entry = get_entry("glue", "sst2")
@@ -85,6 +105,7 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
         with zipfile.ZipFile(path) as archive:
             self.assertEqual(archive.namelist(), ["CoLA.tsv", "STS-B.tsv"])
             self.assertEqual(archive.read("STS-B.tsv"), b"index\tprediction\n0\t2.000\n")
+            self.assertEqual({info.compress_type for info in archive.infolist()}, {zipfile.ZIP_DEFLATED})
         self.assertEqual(sorted(os.listdir(self.dir)), ["submission", "submission.zip"])
 
     def test_mnli_without_its_diagnostic_set(self):
@@ -109,6 +130,7 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
             self.assertEqual(archive.namelist(), ["MNLI-m.tsv", "MNLI-mm.tsv"])
         self.assertEqual(log[0], f"{folder}/MNLI-m.tsv: 2 rows; 1 predictions matched no label and were written as "
                                  "contradiction, the most frequent training label")
+        self.assertEqual(log[-1], f"{zip_path}: MNLI-m.tsv, MNLI-mm.tsv")  # what the zip holds
         # Half is a warning; all of MNLI-mm is the loud one, and the zip names it and the missing AX.tsv.
         self.assertLen(warned, 4)
         self.assertStartsWith(warned[0], f"warning: {folder}/MNLI-m.tsv: 1 of 2 test predictions (50.0%) name no "
@@ -140,12 +162,33 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
 
     def test_stsb_outputs_that_are_no_number_are_no_label(self):
         tests = {"test": datasets.Dataset.from_dict({"idx": [0, 1, 2], "index": ["0", "1", "2"]})}
-        warned = []
+        log, warned = [], []
         written = submission.write_submission(get_entry("glue", "stsb"), tests, {"test": ["3.2", "high", "nan"]},
-                                              [1.0, 4.0], self.dir, lambda line: None, warned.append)
+                                              [1.0, 4.0], self.dir, log.append, warned.append)
         self.assertEqual(written["files"]["STS-B.tsv"], {"rows": 3, "no_label": 2, "no_label_share": 2 / 3,
                                                          "written_as": "2.500"})
-        self.assertStartsWith(warned[0], f"WARNING: {os.path.join(self.dir, 'submission', 'STS-B.tsv')} is mostly")
+        path = os.path.join(self.dir, "submission", "STS-B.tsv")
+        self.assertStartsWith(warned[0], f"WARNING: {path} is mostly")
+        self.assertIn("were written as 2.500:", warned[0])
+        # A score falls back to the training mean, and the line says so.
+        self.assertEqual(log[0], f"{path}: 3 rows; 2 predictions matched no label and were written as 2.500, the "
+                                 "training mean")
+
+    def test_a_split_missing_before_others_leaves_them_written(self):
+        tests = {name: datasets.Dataset.from_dict({"idx": [0], "index": ["0"]}) for name in ("test_mismatched", "ax")}
+        predictions = {"test_mismatched": ["neutral"], "ax": ["entailment"]}
+        written = submission.write_submission(get_entry("glue", "mnli"), tests, predictions, [2], self.dir,
+                                              lambda line: None, lambda line: None)
+        self.assertEqual(sorted(written["files"]), ["AX.tsv", "MNLI-mm.tsv"])
+        self.assertEqual(written["missing"], ["MNLI-m.tsv"])
+
+    def test_an_empty_test_split(self):
+        tests = {"test": datasets.Dataset.from_dict({"idx": [], "index": []})}
+        written = submission.write_submission(get_entry("glue", "sst2"), tests, {"test": []}, [1], self.dir,
+                                              lambda line: None, lambda line: None)
+        self.assertEqual(written["files"]["SST-2.tsv"], {"rows": 0, "no_label": 0, "no_label_share": 0.0,
+                                                         "written_as": "1"})
+        self.assertEqual(_read_lines(os.path.join(self.dir, "submission", "SST-2.tsv")), ["index\tprediction"])
 
 
 # The first lines of GLUE's test files, for the tasks whose files the made folder lacks.
@@ -229,6 +272,20 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
         self.assertIn("the benchmark's download", warned[0])
         self.assertIn("nyu-mll/glue", warned[0])
 
+    def test_missing_diagnostic_set_warning_in_full(self):
+        entry = get_entry("glue", "mnli")
+        ax = entry.submission.splits[-1]
+        line = submission.missing_file_warning(entry, ax, os.path.join(self.dir, "mnli"))
+        no_hub = submission.missing_file_warning(dataclasses.replace(entry, hub_path=None), ax,
+                                                 os.path.join(self.dir, "mnli"))
+        path = os.path.join(self.dir, "diagnostic", "diagnostic.tsv")
+        start = (f"WARNING: AX.tsv will not be written: there is no {path}, and the leaderboard "
+                 "refuses a submission zip without AX.tsv. Put the file there from the benchmark's download")
+        # The hub names AX's own config and split, not MNLI's.
+        self.assertEqual(line, f"{start}, or drop --data_dir to read every test split from the hub (nyu-mll/glue, "
+                               "ax, split test)")
+        self.assertEqual(no_hub, start)
+
     def test_missing_test_file_is_named(self):
         os.remove(os.path.join(self.dir, "mnli", "test_mismatched.tsv"))
         path = os.path.join(self.dir, "mnli", "test_mismatched.tsv")
@@ -239,8 +296,26 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
     def test_repeated_index(self):
         with open(os.path.join(self.dir, "rte", "test.tsv"), "a", encoding="utf-8") as f:
             f.write("0\tA.\tB.\n")
-        with self.assertRaisesRegex(UsageError, r"^test split: index 0 appears more than once"):
+        with self.assertRaisesRegex(UsageError, r"^test split: index 0 appears more than once, and the leaderboard "
+                                                r"scores each test row once; use the original test file$"):
             self._load("rte", os.path.join(self.dir, "rte"))
+
+    def test_empty_test_file_names_its_split(self):
+        with open(os.path.join(self.dir, "mnli", "test_matched.tsv"), "w", encoding="utf-8") as f:
+            f.write(FAKE_TEST_FILES["mnli/test_matched.tsv"][0] + "\n")
+        with self.assertRaisesRegex(UsageError, r"^test_matched split is empty; point the run at a file with rows$"):
+            self._load("mnli", os.path.join(self.dir, "mnli"))
+
+    def test_a_missing_optional_split_skips_only_itself(self):
+        # Wherever it stands in the entry's splits: the ones after it are still read.
+        os.remove(os.path.join(self.dir, "diagnostic", "diagnostic.tsv"))
+        mnli = get_entry("glue", "mnli")
+        ax_first = dataclasses.replace(mnli, submission=dataclasses.replace(
+            mnli.submission, splits=(mnli.submission.splits[-1], *mnli.submission.splits[:-1])))
+        warned = []
+        splits = submission.load_test_splits(ax_first, data_dir=os.path.join(self.dir, "mnli"), warn=warned.append)
+        self.assertEqual(sorted(splits), ["test_matched", "test_mismatched"])
+        self.assertLen(warned, 1)
 
     def test_task_without_test_split(self):
         with self.assertRaisesRegex(UsageError, r"this task has no test split; drop --do_predict"):
@@ -264,6 +339,82 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
         no_hub = dataclasses.replace(get_entry("glue", "rte"), hub_path=None)
         with self.assertRaisesRegex(UsageError, r"^--do_predict reads the test files from --data_dir"):
             submission.load_test_splits(no_hub)
+
+    def test_hub_splits_run_no_remote_code_unless_asked(self):
+        flags = []
+
+        def load(path, name, split, trust_remote_code):
+            flags.append(trust_remote_code)
+            # A hub split that names its rows `index` already is read as it is.
+            return datasets.Dataset.from_dict({"sentence1": ["a"], "sentence2": ["b"], "label": [-1], "index": [4]})
+
+        with mock.patch.object(submission.data, "load_hub_split", load):
+            splits = submission.load_test_splits(get_entry("glue", "rte"))
+            submission.load_test_splits(get_entry("glue", "rte"), trust_remote_code=True)
+        self.assertEqual(flags, [False, True])
+        self.assertEqual(splits["test"]["index"][:], [4])
+
+    # build_test_data, in-process: every test row tokenized, longest first, its test-file index kept.
+
+    def _rte_folder(self, name):
+        folder = os.path.join(self.dir, name)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "test.tsv"), "w", encoding="utf-8") as f:
+            f.write("index\tsentence1\tsentence2\n7\tA cat.\tA cat.\n"
+                    "3\tThe government said on Monday that the new rules would apply to every company in the "
+                    "country.\tRules apply.\n5\tThe film was long and slow.\tIt was slow.\n")
+        return folder
+
+    def _config(self, data_dir, trust_remote_code=False):
+        return types.SimpleNamespace(data_dir=data_dir, trust_remote_code=trust_remote_code, max_source_length=32,
+                                     max_target_length=4)
+
+    def test_built_rows_tokenized_longest_first_with_their_index(self):
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        log = []
+        tests = submission.build_test_data(get_entry("glue", "rte"), self._config(self._rte_folder("rte-lengths")),
+                                           tokenizer, log.append, mode_token_id=5)
+        self.assertEqual(list(tests), ["test"])
+        test = tests["test"]
+        self.assertEqual(test["index"][:], ["3", "5", "7"])  # longest input first
+        self.assertEqual(data.in_row_order(test, "index"), ["7", "3", "5"])  # `idx` restores the file's order
+        self.assertEqual(log, ["test: 3 rows; truncated: 1 inputs to 32 tokens"])
+        inputs = test["input_ids"][:]
+        self.assertEqual([ids[0] for ids in inputs], [5, 5, 5])  # the mode token before every source
+        self.assertEqual([len(ids) for ids in inputs][:2], [32, 26])
+        self.assertEqual([ids[-1] for ids in inputs], [tokenizer.eos_token_id] * 3)
+        short = tokenizer("rte sentence1: A cat. sentence2: A cat.")["input_ids"]
+        self.assertEqual(inputs[2], [5, *short])
+
+    def test_built_from_the_data_dir_argument_over_the_configs(self):
+        # A mixture passes each task's folder; config.data_dir is then another task's.
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        tests = submission.build_test_data(get_entry("glue", "rte"), self._config(os.path.join(self.dir, "nope")),
+                                           tokenizer, lambda line: None, data_dir=self._rte_folder("mixture-rte"))
+        self.assertLen(tests["test"], 3)
+
+    def test_built_without_the_diagnostic_set_warns_through_warn(self):
+        os.remove(os.path.join(self.dir, "diagnostic", "diagnostic.tsv"))
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        warned = []
+        tests = submission.build_test_data(get_entry("glue", "mnli"), self._config(os.path.join(self.dir, "mnli")),
+                                           tokenizer, lambda line: None, warn=warned.append)
+        self.assertEqual(sorted(tests), ["test_matched", "test_mismatched"])
+        self.assertLen(warned, 1)
+        self.assertStartsWith(warned[0], "WARNING: AX.tsv will not be written")
+
+    def test_built_with_trust_remote_code_reaching_the_hub_loader(self):
+        flags = []
+
+        def load(path, name, split, trust_remote_code):
+            flags.append(trust_remote_code)
+            return datasets.Dataset.from_dict({"sentence1": ["a"], "sentence2": ["b"], "label": [-1], "idx": [0]})
+
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        with mock.patch.object(submission.data, "load_hub_split", load):
+            submission.build_test_data(get_entry("glue", "rte"), self._config(None, trust_remote_code=True),
+                                       tokenizer, lambda line: None)
+        self.assertEqual(flags, [True])
 
 
 def _read_tsv(path: str, quoting=csv.QUOTE_MINIMAL) -> list[list[str]]:
