@@ -65,9 +65,13 @@ class T5Adafactor(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            # As torch.optim's: the closure recomputes the loss and its gradients, which need autograd.
+            with torch.enable_grad():
+                loss = closure()
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
-            loss = closure() if closure is not None else None
             for group in self.param_groups:
                 eps1, eps2 = group["eps"]
                 for p in group["params"]:

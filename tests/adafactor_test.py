@@ -130,6 +130,24 @@ class UpdateRuleTest(parameterized.TestCase):
         self.assertEqual(optimizer.step(closure=lambda: 2.5), 2.5)
         self.assertEqual(optimizer.state[param]["step"], 2)
 
+    def test_a_closure_computes_its_gradients_and_steps_as_a_backward_before_step_does(self):
+        # torch.optim's contract: the closure recomputes the loss and its gradients, so it runs with grad
+        # enabled (inside the update's no_grad it could not call backward).
+        by_closure, by_hand = (torch.nn.Parameter(torch.tensor([3.0, -4.0])) for _ in range(2))
+        optimizer = T5Adafactor([by_closure], lr=0.1)
+
+        def closure():
+            optimizer.zero_grad()
+            loss = (by_closure ** 3).sum()
+            loss.backward()
+            return loss
+
+        self.assertEqual(optimizer.step(closure).item(), 27.0 - 64.0)
+        (by_hand ** 3).sum().backward()
+        T5Adafactor([by_hand], lr=0.1).step()
+        torch.testing.assert_close(by_closure.data, by_hand.data, rtol=0, atol=0)
+        self.assertFalse(torch.equal(by_closure.data, torch.tensor([3.0, -4.0])))
+
     def test_zero_initialised_tensor_moves_by_lr_times_eps2(self):
         param = torch.nn.Parameter(torch.zeros(3))
         optimizer = T5Adafactor([param], lr=0.5)
