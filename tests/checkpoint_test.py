@@ -15,7 +15,7 @@ import transformers
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file
 
-from t5_training import checkpoint
+from t5_training import adapters, checkpoint
 from t5_training import optim
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError, WriteError
@@ -528,6 +528,23 @@ class ExportModelTest(_TmpDirTest):
         with torch.no_grad():
             torch.testing.assert_close(loaded(input_ids=ids, decoder_input_ids=ids).logits,
                                        model(input_ids=ids, decoder_input_ids=ids).logits)
+
+    def test_a_compiled_model_exports_under_its_own_names_and_an_adapter_as_an_adapter(self):
+        # torch.compile's wrapper (lazy: nothing compiles here) holds the model as `_orig_mod`, which
+        # accelerate leaves in every weight name; from_pretrained must find the model's own names, and
+        # a peft model under the wrapper must still be exported as an adapter.
+        import peft
+
+        accelerator = accelerate.Accelerator(cpu=True)
+        plain = _tiny_t5()
+        lora = peft.get_peft_model(_tiny_t5(), peft.LoraConfig(task_type="SEQ_2_SEQ_LM", r=2, target_modules=["q"]))
+        for name, model in (("plain", plain), ("lora", lora)):
+            checkpoint.export_model(accelerator, torch.compile(model), None, os.path.join(self.out, name))
+        self.assertFalse([n for n in load_file(os.path.join(self.out, "plain", "model.safetensors")) if "_orig" in n])
+        loaded = transformers.T5ForConditionalGeneration.from_pretrained(os.path.join(self.out, "plain"))
+        for key, value in loaded.state_dict().items():
+            torch.testing.assert_close(value, plain.state_dict()[key], rtol=0, atol=0, msg=key)
+        self.assertTrue(os.path.isdir(os.path.join(self.out, "lora", adapters.ADAPTER_DIR)))
 
     def test_export_replaces_previous(self):
         accelerator = accelerate.Accelerator(cpu=True)
