@@ -73,7 +73,7 @@ class Denoiser:
                              f"{self.mean_noise_span_length!r}")
 
 
-def _ul2(name: str, mean: float | None, density: float, mode: str) -> Denoiser:
+def ul2_denoiser(name: str, mean: float | None, density: float, mode: str) -> Denoiser:
     return Denoiser(name, "prefix" if mean is None else "span", mean, density, mode)
 
 
@@ -82,13 +82,13 @@ def _ul2(name: str, mean: float | None, density: float, mode: str) -> Denoiser:
 # (μ=64, r=0.5). "All tasks have an approximately equal participation in the mixture": 1/7 each.
 # Mode tokens as in the released UL2 20B (§3.2, mode switching): [NLU] for R, [NLG] for X, [S2S] for S.
 UL2_DENOISERS = (
-    _ul2("R_3_0.15", 3.0, 0.15, "[NLU]"),
-    _ul2("R_8_0.15", 8.0, 0.15, "[NLU]"),
-    _ul2("S_0.25", None, 0.25, "[S2S]"),
-    _ul2("X_3_0.5", 3.0, 0.5, "[NLG]"),
-    _ul2("X_8_0.5", 8.0, 0.5, "[NLG]"),
-    _ul2("X_64_0.15", 64.0, 0.15, "[NLG]"),
-    _ul2("X_64_0.5", 64.0, 0.5, "[NLG]"),
+    ul2_denoiser("R_3_0.15", 3.0, 0.15, "[NLU]"),
+    ul2_denoiser("R_8_0.15", 8.0, 0.15, "[NLU]"),
+    ul2_denoiser("S_0.25", None, 0.25, "[S2S]"),
+    ul2_denoiser("X_3_0.5", 3.0, 0.5, "[NLG]"),
+    ul2_denoiser("X_8_0.5", 8.0, 0.5, "[NLG]"),
+    ul2_denoiser("X_64_0.15", 64.0, 0.15, "[NLG]"),
+    ul2_denoiser("X_64_0.5", 64.0, 0.5, "[NLG]"),
 )
 UL2_RATES = (1 / 7,) * 7
 # Every mode token UL2 uses; `python -m t5_training.tokenizer` puts them in every tokenizer it trains.

@@ -98,7 +98,7 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None, *, trai
     accelerator.wait_for_everyone()
     # Every process writes (its RNG state at least), so a failure is agreed on before anyone
     # goes on: one process raising alone would leave the others in the next collective.
-    agree_on_write(accelerator, _attempt(lambda: _save_state(accelerator, tmp, trainable_only)), tmp, final,
+    agree_on_write(accelerator, attempt_write(lambda: _save_state(accelerator, tmp, trainable_only)), tmp, final,
                    output_dir)
     kill_point("save", state.step)
 
@@ -108,7 +108,7 @@ def save_checkpoint(accelerator, output_dir: str, state, scheduler=None, *, trai
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
 
-    failure = _attempt(finish) if accelerator.is_main_process else None
+    failure = attempt_write(finish) if accelerator.is_main_process else None
     agree_on_write(accelerator, failure, tmp, final, output_dir)
     return final
 
@@ -168,7 +168,7 @@ def _load_trainable(models, input_dir) -> None:
     models.clear()
 
 
-def _attempt(write) -> OSError | None:
+def attempt_write(write) -> OSError | None:
     """Runs `write()`; returns the OSError it raised (a full disk, a read-only folder), else None."""
     try:
         write()
@@ -293,7 +293,7 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
 
-    failure = _attempt(write) if accelerator.is_main_process else None
+    failure = attempt_write(write) if accelerator.is_main_process else None
     agree_on_write(accelerator, failure, tmp, path, os.path.dirname(os.path.abspath(path)))
 
 

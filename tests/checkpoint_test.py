@@ -739,10 +739,10 @@ class WriteFailureTest(_TmpDirTest):
         def write():
             raise Exception("failed to write tensor (os error 28)")
 
-        error = checkpoint._attempt(write)
+        error = checkpoint.attempt_write(write)
         self.assertIsInstance(error, OSError)
         self.assertEqual((error.errno, error.strerror), (28, os.strerror(28)))
-        self.assertIsNone(checkpoint._attempt(lambda: None))
+        self.assertIsNone(checkpoint.attempt_write(lambda: None))
 
     def test_a_failed_export_keeps_the_previous_one(self):
         model = self.accelerator.prepare(_tiny_t5())

@@ -325,9 +325,9 @@ class DenoisersTest(parameterized.TestCase):
         np.testing.assert_array_equal(out, [[0, 99, EOS], [99, EOS, -100]])
 
     def test_ul2_entries_are_span_denoisers_unless_their_mean_is_none(self):
-        # UL2_DENOISERS are built at import; _ul2 itself, called here, is what builds them.
-        self.assertEqual(dn._ul2("r", 3.0, 0.15, "[NLU]"), dn.Denoiser("r", "span", 3.0, 0.15, "[NLU]"))
-        self.assertEqual(dn._ul2("s", None, 0.25, "[S2S]"), dn.Denoiser("s", "prefix", None, 0.25, "[S2S]"))
+        # UL2_DENOISERS are built at import; ul2_denoiser itself, called here, is what builds them.
+        self.assertEqual(dn.ul2_denoiser("r", 3.0, 0.15, "[NLU]"), dn.Denoiser("r", "span", 3.0, 0.15, "[NLU]"))
+        self.assertEqual(dn.ul2_denoiser("s", None, 0.25, "[S2S]"), dn.Denoiser("s", "prefix", None, 0.25, "[S2S]"))
 
     @parameterized.named_parameters(
         ("unnamed", [{"kind": "span"}], "mixture entry 0 (unnamed): missing name, mean_noise_span_length, "
