@@ -46,6 +46,15 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x) / x.numel() ** 0.5
 
 
+def closure_loss(closure):
+    """What `step(closure)` returns, as torch.optim's optimizers do: the closure recomputes the loss and
+    its gradients, so it runs with autograd on (shared with optim.AdamWScale)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class T5Adafactor(torch.optim.Optimizer):
     """Mesh TensorFlow's Adafactor with T5's defaults; `lr` is the absolute learning rate.
 
@@ -65,11 +74,7 @@ class T5Adafactor(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            # As torch.optim's: the closure recomputes the loss and its gradients, which need autograd.
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
             for group in self.param_groups:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from t5_training.adafactor import T5Adafactor
+from t5_training.adafactor import T5Adafactor, closure_loss
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
@@ -118,11 +118,7 @@ class AdamWScale(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            # As torch.optim's: the closure recomputes the loss and its gradients, which need autograd.
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
             for group in self.param_groups:
