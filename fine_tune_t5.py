@@ -34,7 +34,7 @@ from typing import Literal
 
 from accelerate.utils import set_seed
 
-from constants import DATASET_VALS
+from t5_training.registry import DATASET_VALS
 from t5_training import (adapter_record, adapters, agreement, batch_size, data, evaluation, loop, mixture,
                          multitask, no_label, run_dir, runtime, submission)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config

@@ -114,7 +114,7 @@ def main(argv=None) -> dict:
     with open(os.path.join(mixed_dir, "mixture_rates.json"), encoding="utf-8") as f:
         rates = json.load(f)
 
-    from constants import GLUE
+    from t5_training.registry import GLUE
     from t5_training import multitask
 
     folders = {task: os.path.join(DATA, GLUE[task].folder) for task in TASKS}

@@ -16,7 +16,7 @@ import datasets
 import numpy as np
 import torch
 
-from constants import PackageCorpus, TaskEntry
+from t5_training.entries import PackageCorpus, TaskEntry
 from t5_training.device import runs_on_cuda
 from t5_training.errors import UsageError
 from t5_training.resume import batch_layout, global_batch

@@ -15,7 +15,8 @@ from typing import Mapping
 
 import datasets
 
-from constants import DATASET_VALS, TaskEntry
+from t5_training.entries import TaskEntry
+from t5_training.registry import DATASET_VALS
 from t5_training import data, evaluation, metrics, mixture, modeling, no_label, submission
 from t5_training.errors import UsageError
 from t5_training.loop import Objective

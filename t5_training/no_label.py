@@ -17,7 +17,7 @@ import math
 import sys
 from typing import Mapping, Sequence
 
-from constants import TaskEntry
+from t5_training.entries import TaskEntry
 from t5_training import metrics, run_dir
 
 # Above this share of fallback rows a file is mostly a constant guess, not the model's answers.

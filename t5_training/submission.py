@@ -29,7 +29,7 @@ from typing import Sequence
 import datasets
 import numpy as np
 
-from constants import TaskEntry, TestSplit
+from t5_training.entries import TaskEntry, TestSplit
 from t5_training import data, no_label, reporting
 from t5_training.errors import UsageError
 from t5_training.table_files import read_original_file

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import datasets
 
-from constants import LocalFiles
+from t5_training.entries import LocalFiles
 from t5_training.errors import UsageError
 
 EXTENSIONS = {".csv": ",", ".tsv": "\t", ".json": None, ".jsonl": None}

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from constants import DATASET_VALS, TaskEntry
+from t5_training.entries import TaskEntry
+from t5_training.registry import DATASET_VALS
 from t5_training import metrics
 from t5_training.errors import UsageError
 

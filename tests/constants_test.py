@@ -14,7 +14,7 @@ import datasets
 import constants
 from constants import DATASET_VALS, LocalFiles, TaskEntry
 from tests import fixtures
-from t5_training import data, metrics, tasks
+from t5_training import data, metrics, registry, tasks, top_level
 from t5_training.errors import UsageError
 
 CONSTANTS_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "constants.py")
@@ -159,19 +159,27 @@ class RegistryTest(parameterized.TestCase):
         self.assertEqual(glue["stsb"].metric_to_optimize, "pearson_corrcoef")
         self.assertEqual(glue["cola"].metric_to_optimize, "matthews_corrcoef")
 
-    def test_constants_imports_only_the_standard_library(self):
+    def test_constants_is_data_its_only_project_import_the_entry_types(self):
+        # A user edits entries here: no function, no class, and nothing of the package but the schema.
         with open(CONSTANTS_PY, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         imported = set()
         for node in ast.walk(tree):
+            self.assertNotIsInstance(node, (ast.FunctionDef, ast.ClassDef, ast.Lambda))
             if isinstance(node, ast.Import):
-                imported.update(alias.name.split(".")[0] for alias in node.names)
+                imported.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
                 self.assertEqual(node.level, 0)  # no relative imports
-                imported.add(node.module.split(".")[0])
-        self.assertEqual(sorted(imported - set(sys.stdlib_module_names)), [])
-        self.assertNotIn("t5_training", imported)
+                imported.add(node.module)
+        self.assertEqual(sorted(m for m in imported if m.split(".")[0] not in sys.stdlib_module_names),
+                         ["t5_training.entries"])
         self.assertEqual(os.path.realpath(constants.__file__), os.path.realpath(CONSTANTS_PY))
+
+    def test_the_package_reads_the_clones_registry_as_one_object(self):
+        self.assertIs(registry.DATASET_VALS, constants.DATASET_VALS)
+        self.assertIs(top_level.load("constants"), constants)
+        with self.assertRaisesRegex(ValueError, "not one of the project's top-level files"):
+            top_level.load("setup")
 
 
 # A made-up dataset: product reviews in a CSV with its own column names and star ratings.

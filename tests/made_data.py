@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 
-from constants import EMBEDDED
+from t5_training.registry import EMBEDDED
 
 # The corpus as the registry names it, so the tests read the files the demo reads.
 BBC = EMBEDDED["bbc_news"]

@@ -11,7 +11,7 @@ import torch
 from absl.testing import absltest, parameterized
 from accelerate.data_loader import prepare_data_loader
 
-from constants import GLUE
+from t5_training.registry import GLUE
 from t5_training import mixture
 from t5_training.errors import UsageError
 from tests import fixtures

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from absl.testing import absltest, parameterized
 
 import fine_tune_t5
-from constants import GLUE
+from t5_training.registry import GLUE
 from t5_training import mixture, multitask, run_dir, submission
 from t5_training.errors import UsageError
 from tests import fixtures, made_data

@@ -14,7 +14,7 @@ import unittest
 import numpy as np
 
 import data_collator_t5 as dc
-from constants import GLUE
+from t5_training.registry import GLUE
 from t5_training import data, submission, tasks
 from tests import fixtures
 

@@ -29,7 +29,7 @@ import torch
 from absl.testing import absltest, parameterized
 
 import data_collator_t5 as dc
-from constants import GLUE
+from t5_training.registry import GLUE
 from t5_training import evaluation, metrics, mixture, multitask, tasks
 from tests import fixtures
 from tests.parity_cases import (EOS, HELPER_LENGTHS, MIXING_SETTINGS, PAD, PREFIX_DENSITIES, PREFIX_LENGTHS,

@@ -23,7 +23,7 @@ from absl.testing import absltest, parameterized
 from absl.testing.absltest import mock
 
 import fine_tune_t5
-from constants import DATASET_VALS
+from t5_training.registry import DATASET_VALS
 from t5_training import checkpoint, mixture, tasks
 from t5_training.config import parse_config
 from t5_training.errors import EXIT_USAGE, run_cli
