@@ -27,19 +27,18 @@ trained on, and each task's configured and realised rate (t5_training/mixture.py
 """
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
 from accelerate.utils import set_seed
 
-from t5_training.registry import DATASET_VALS
-from t5_training import (adapter_record, adapters, agreement, batch_size, data, evaluation, loop, mixture,
-                         multitask, no_label, run_dir, runtime, submission)
+from t5_training import (adapter_record, adapters, agreement, batch_size, data, evaluation, inference, loop,
+                         mixture, multitask, no_label, run_dir, runtime)
 from t5_training.config import ModelConfig, TrainingConfig, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
+from t5_training.registry import DATASET_VALS
 
 
 @dataclass(frozen=True)
@@ -130,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     entries = multitask.entries(config)
     resume_path = run_dir.check_output_dir(config)
     accelerator = runtime.build_accelerator(config)
+    warn = runtime.warn(accelerator)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config, evaluate_only=not config.do_train)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
@@ -142,17 +142,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Every input, test files included, is read and checked before anything is written.
     tasks = agreement.main_process_first(
-        accelerator, lambda: multitask.read_tasks(config, entries, tokenizer, accelerator.print, warn(accelerator)))
+        accelerator, lambda: multitask.read_tasks(config, entries, tokenizer, accelerator.print, warn))
     decodings = multitask.resolve_decodings(config.eval_decoding, tasks, accelerator)
     start_id = model.config.decoder_start_token_id
     if config.do_train:
         model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter)
     else:
-        model, results = evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings)
+        model, results = inference.evaluate_only(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     for line in no_label.dev_warnings(results["eval"]):
-        warn(accelerator)(line)
+        warn(line)
     if config.do_predict:
-        results["predict"] = predict(accelerator, config, tasks, model, tokenizer, start_id, decodings)
+        results["predict"] = inference.predict(accelerator, config, tasks, model, tokenizer, start_id, decodings)
     runtime.close(accelerator)
     return results
 
@@ -164,11 +164,11 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
     train_loader, eval_loaders = multitask.build_loaders(tasks, config, tokenizer, start_id,
                                                          accelerator.num_processes)
     sampler = train_loader.sampler  # before prepare wraps the loader: a mixture's rows are read back from it
-    drawn = mixture.describe(list(tasks.entries), sampler) if tasks.mixed else {}
+    drawn = mixture.task_record(list(tasks.entries), sampler) if tasks.mixed else {}
 
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
-                           check=lambda saved, path: mixture.check_same_mixture(saved.mixture, drawn, path))
+                           check=lambda saved, path: mixture.check_same_tasks(saved.mixture, drawn, path))
     state.mixture, state.adapter = drawn, adapter
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = multitask.objective(config.benchmark, tasks)
@@ -180,42 +180,6 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
         mixture.write_trained_rows(config.output_dir, list(tasks.entries), sampler, state.epoch,
                                    state.samples_in_epoch, accelerator.print)
     return run.model, run_dir.write_results(accelerator, config, state, objective, run.batches_per_epoch)
-
-
-def evaluate(accelerator, config, tasks, model, tokenizer, start_id, decodings):
-    """--do_train false: the model's metrics on the eval splits, logged and written to eval_results.json."""
-    model, eval_loaders = runtime.prepare_inference(
-        accelerator, model, data.ordered_loaders(multitask.eval_splits(tasks), config, tokenizer, start_id))
-    run_dir.start_output_dir(accelerator, config, resuming=False)
-    runtime.init_trackers(accelerator, config, config.project_name)
-    model.eval()
-    results = multitask.make_evaluator(accelerator, config, tasks, eval_loaders, tokenizer, decodings)(model)
-    accelerator.log({f"eval/{key}": value for key, value in results.items()}, step=0)
-    return model, {"eval": run_dir.write_eval_results(accelerator, config.output_dir, results)}
-
-
-def predict(accelerator, config, tasks, model, tokenizer, start_id, decodings) -> dict:
-    """--do_predict: every task's test rows decoded as its eval rows are, written as the leaderboard's files;
-    what was written, and what fell back or is missing, also goes to predict_results.json."""
-    parts, written = [], {}
-    for name, entry in tasks.entries.items():
-        tests, task = tasks.tests[name], tasks.data[name]
-        loaders = runtime.prepare_loaders(accelerator, data.ordered_loaders(tests, config, tokenizer, start_id))
-        predictions = evaluation.make_test_predictor(
-            accelerator, entry, tests, loaders, tokenizer, config.output_dir, decodings[name],
-            config.max_target_length, task.max_target_tokens, file_prefix=f"{name}_" if tasks.mixed else "")(model)
-        if accelerator.is_main_process:
-            parts.append(submission.write_task_files(entry, tests, predictions, task.train_labels,
-                                                     config.output_dir, accelerator.print, warn(accelerator)))
-    if accelerator.is_main_process:
-        written = submission.finish(config.output_dir, parts, accelerator.print, warn(accelerator))
-    accelerator.wait_for_everyone()
-    return written
-
-
-def warn(accelerator):
-    """Prints a warning line on stderr, once (on the main process), apart from the run's ordinary output."""
-    return functools.partial(accelerator.print, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,8 @@ from _harness import REPO  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from data_collator_t5 import DataCollatorForT5MLM  # noqa: E402
-from denoisers import DataCollatorForDenoiserMixture, parse_mixture  # noqa: E402
+from t5_training.collators import DataCollatorForT5MLM  # noqa: E402
+from t5_training.denoisers import DataCollatorForDenoiserMixture, parse_mixture  # noqa: E402
 from t5_training import reporting  # noqa: E402
 
 GOAL = 5.0

@@ -68,7 +68,7 @@ from _flops import analytic_flops, check_flops  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 
-from data_collator_t5 import compute_input_and_target_lengths  # noqa: E402
+from t5_training.collators import compute_input_and_target_lengths  # noqa: E402
 from t5_training import reporting, runtime  # noqa: E402
 from t5_training.config import TrainingConfig  # noqa: E402
 from t5_training.optim import build_optimizer  # noqa: E402

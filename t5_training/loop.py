@@ -48,7 +48,9 @@ class TrainState:
     samples_in_epoch: int = 0
     # The per-device batch, accumulation and processes of the run that saved (resume.batch_layout).
     batch_layout: dict = field(default_factory=dict)
-    # What a mixture draws from (mixture.describe): a resumed run must draw from the same.
+    # What the run draws its rows from, for a resumed run to draw from the same: fine-tuning's mixture of
+    # tasks (mixture.task_record), or pretraining's mixture of denoisers (denoisers.denoiser_record); empty
+    # for one task or another objective.
     mixture: dict = field(default_factory=dict)
     # The adapter and its base, or {"peft": "none"} (adapter_record.describe): checked before resuming.
     adapter: dict = field(default_factory=dict)

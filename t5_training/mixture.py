@@ -193,12 +193,12 @@ class MixtureSampler(torch.utils.data.Sampler[int]):
         return torch.cat([self.order(e) for e in range(epoch)] + [self.order(epoch)[:samples_in_epoch]])
 
 
-def describe(names: Sequence[str], sampler: MixtureSampler) -> dict:
-    """What a mixture draws from, as a checkpoint records it (TrainState.mixture)."""
+def task_record(names: Sequence[str], sampler: MixtureSampler) -> dict:
+    """What a mixture of tasks draws from, as a checkpoint records it (TrainState.mixture)."""
     return {"tasks": list(names), "train_rows": sampler.sizes, "rates": sampler.rates, "epoch_rows": sampler.epoch_rows}
 
 
-def check_same_mixture(saved: dict, now: dict, path: str) -> None:
+def check_same_tasks(saved: dict, now: dict, path: str) -> None:
     """Refuses to resume from a checkpoint whose data position names other rows: one that drew from another
     mixture, a mixture's resumed as one task, or one task's (which records no mixture) resumed into a mixture."""
     if saved == now:

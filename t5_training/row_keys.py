@@ -4,7 +4,7 @@ A row's span mask, prefix split and UL2 denoiser are then the same whichever row
 so a run resumed under another split of the global batch (or on other workers or processes)
 re-creates exactly the masks of an uninterrupted one. The draws are counter-based (SplitMix64's
 output over key + counter) and vectorised over the rows, where a numpy Generator per row would
-cost a Python call each. data_collator_t5.py, denoisers.py and span_masks.py draw from here; this
+cost a Python call each. collators.py, denoisers.py and span_masks.py draw from here; this
 module imports nothing from the project.
 """
 from __future__ import annotations

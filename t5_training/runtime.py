@@ -6,8 +6,10 @@ loaders, returning them together as a `Prepared` run; `close` ends it on every p
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -198,3 +200,8 @@ def close(accelerator: Accelerator) -> None:
     """
     accelerator.wait_for_everyone()
     accelerator.end_training()
+
+
+def warn(accelerator):
+    """Prints a warning line on stderr, once (on the main process), apart from the run's ordinary output."""
+    return functools.partial(accelerator.print, file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """T5 noise masks for rows of different lengths in one vectorised call: the span rows of a mixture
 of denoisers (denoisers.py), each with its own length, noise count and span count.
 
-data_collator_t5.random_spans_noise_mask serves rows that share one shape; here rows differ. As
+collators.random_spans_noise_mask serves rows that share one shape; here rows differ. As
 there, each row draws from its own key (t5_training.row_keys), so its mask is the same
 whichever rows share its batch.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data_collator_t5 import toggled
+from t5_training.collators import toggled
 from t5_training.row_keys import KEPT_CUTS, NOISE_CUTS, keys_for, stream, uniforms
 
 
@@ -54,7 +54,7 @@ def _ragged_cuts(keys: np.ndarray, items: np.ndarray, segments: np.ndarray) -> n
 def random_spans_noise_masks(rng, lengths: np.ndarray, num_noise: np.ndarray, num_spans: np.ndarray) -> np.ndarray:
     """T5 noise masks of rows of different lengths at once, flat: row r's lengths[r] entries follow
     row r - 1's, with num_noise[r] noise tokens in num_spans[r] spans, every such mask equally likely,
-    kept text first and noise last (data_collator_t5.random_spans_noise_mask, row by row). `rng`: one
+    kept text first and noise last (collators.random_spans_noise_mask, row by row). `rng`: one
     uint64 key per row (t5_training.row_keys), which alone decides the row's mask, or a numpy Generator."""
     keys = keys_for(rng, len(lengths))
     kept = lengths - num_noise

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoTokenizer
 
-from data_collator_t5 import DataCollatorForT5MLM
+from t5_training.collators import DataCollatorForT5MLM
 from tests import fixtures, made_data
 from t5_training import corpus
 from t5_training.errors import UsageError

@@ -15,7 +15,7 @@ from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
 from t5_training.tools import dataset_stats
-import denoisers as dn
+from t5_training import denoisers as dn
 from tests import made_data
 from tests.fixtures import TempDirTestCase, sst2_dir, tokenizer_dir
 

@@ -5,7 +5,7 @@ import os
 from absl.testing import absltest
 
 import demo
-from data_collator_t5 import compute_input_and_target_lengths
+from t5_training.collators import compute_input_and_target_lengths
 from t5_training.errors import UsageError
 from tests import fixtures
 

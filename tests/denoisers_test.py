@@ -9,8 +9,8 @@ import torch
 from transformers import T5TokenizerFast
 import yaml
 
-import data_collator_t5 as dc
-import denoisers as dn
+from t5_training import collators as dc
+from t5_training import denoisers as dn
 from t5_training import row_keys
 from t5_training.errors import UsageError
 from tests import fixtures
@@ -447,20 +447,20 @@ class DenoisersTest(parameterized.TestCase):
 class ResumeCheckTest(parameterized.TestCase):
     """A checkpoint resumes only into the mixture of denoisers (or the absence of one) it was made with."""
 
-    UL2 = dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512)
+    UL2 = dn.denoiser_record(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512)
 
     def test_the_same_mixture_or_none_on_both_sides_resumes(self):
-        dn.check_same_mixture(self.UL2, dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512), "ckpt")
-        dn.check_same_mixture({}, {}, "ckpt")
+        dn.check_same_denoisers(self.UL2, dn.denoiser_record(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 512), "ckpt")
+        dn.check_same_denoisers({}, {}, "ckpt")
 
     def test_uneven_rates_are_shown_as_shares(self):
-        saved = dn.describe(dn.UL2_DENOISERS[:2], [3.0, 1.0], 64)
+        saved = dn.denoiser_record(dn.UL2_DENOISERS[:2], [3.0, 1.0], 64)
         with self.assertRaisesWithLiteralMatch(
                 UsageError, "checkpoint ckpt was pretrained on another mixture of denoisers (R_3_0.15 75%, "
                 "R_8_0.15 25% at 64 tokens) than this run's (R_3_0.15 50%, R_8_0.15 50% at 64 tokens); resume with "
                 "its --denoisers file (unchanged) and --max_seq_length, or start a new run from its weights with "
                 "--model_name_or_path"):
-            dn.check_same_mixture(saved, dn.describe(dn.UL2_DENOISERS[:2], [1.0, 1.0], 64), "ckpt")
+            dn.check_same_denoisers(saved, dn.denoiser_record(dn.UL2_DENOISERS[:2], [1.0, 1.0], 64), "ckpt")
 
     @parameterized.named_parameters(
         ("ul2_resumed_as_another_objective", UL2, {}, r"pretrained with --objective ul2 \(R_3_0.15 14%.* at 512 "
@@ -468,12 +468,12 @@ class ResumeCheckTest(parameterized.TestCase):
                                                      r"--objective ul2"),
         ("another_objective_resumed_as_ul2", {}, UL2, r"pretrained with another objective than this run's --objective "
                                                      r"ul2 \(R_3_0.15 14%.*\); resume with the checkpoint's --objective"),
-        ("another_input_length", UL2, dn.describe(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 256),
+        ("another_input_length", UL2, dn.denoiser_record(dn.UL2_DENOISERS, [1.0] * len(dn.UL2_DENOISERS), 256),
          r"pretrained on another mixture of denoisers .* at 512 tokens\) than this run's \(.* at 256 tokens\)"),
     )
     def test_another_mixture_is_one_line(self, saved, now, said):
         with self.assertRaisesRegex(UsageError, "checkpoint ckpt was " + said) as cm:
-            dn.check_same_mixture(saved, now, "ckpt")
+            dn.check_same_denoisers(saved, now, "ckpt")
         self.assertNotIn("None", str(cm.exception))
         self.assertIn("--model_name_or_path", str(cm.exception))
 

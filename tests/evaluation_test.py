@@ -162,31 +162,6 @@ class CandidateBlocksTest(parameterized.TestCase):
         self.assertGreater(float((unmasked.view(rows * k, width, -1) - separate).abs().max()), 1e-3)
 
 
-class TeacherForcedByGroupTest(absltest.TestCase):
-    """A mixture's held-out loss per denoiser: the token-weighted loss over that denoiser's rows."""
-
-    def test_loss_per_group_is_its_rows_token_mean(self):
-        from transformers import AutoConfig, T5ForConditionalGeneration
-
-        torch.manual_seed(0)
-        model = T5ForConditionalGeneration(AutoConfig.from_pretrained(fixtures.TINY_CONFIG, vocab_size=64)).eval()
-        labels = torch.randint(2, 64, (6, 5))
-        labels[[1, 4], 3:] = -100  # rows with fewer target tokens weigh less
-        batch = {"input_ids": torch.randint(2, 64, (6, 7)), "attention_mask": torch.ones(6, 7, dtype=torch.long),
-                 "labels": labels, "decoder_input_ids": data.shift_right(labels, 0, 0),
-                 "denoiser_ids": torch.tensor([0, 0, 2, 0, 2, 2])}
-        loader = [{k: v[:3] for k, v in batch.items()}, {k: v[3:] for k, v in batch.items()}]
-        with torch.no_grad():
-            loss, tokens, _ = evaluation.teacher_forced_row_stats(model, batch)
-            results = evaluation.make_teacher_forced_evaluator(Accelerator(cpu=True), loader, ["a", "b", "c"])(model)
-        for name, rows in (("a", [0, 1, 3]), ("c", [2, 4, 5])):
-            self.assertAlmostEqual(results[f"{name}/loss"], float(loss[rows].sum() / tokens[rows].sum()), places=5)
-        self.assertNotIn("b/loss", results)  # no held-out row drew it
-        self.assertAlmostEqual(results["loss"], float(loss.sum() / tokens.sum()), places=5)
-        plain = evaluation.make_teacher_forced_evaluator(Accelerator(cpu=True), loader)(model)
-        self.assertEqual(plain, {"loss": results["loss"], "accuracy": results["accuracy"]})
-
-
 class CompiledModelTest(absltest.TestCase):
     def test_a_compiled_prompt_tuned_model_decodes_with_its_prompt(self):
         # --torch_compile wraps the model; evaluation must still see the peft model underneath, or

@@ -13,7 +13,7 @@ import os
 
 from absl.testing import absltest, parameterized
 
-import denoisers
+from t5_training import denoisers
 from t5_training import mixture
 from tests import fixtures, kill_harness
 

@@ -5,9 +5,10 @@ import os
 
 from absl.testing import absltest
 
+from t5_training.top_level import FILES
 from tests import fixtures
 
-PROJECT_MODULES = {"constants", "data_collator_t5", "demo", "denoisers", "fine_tune_t5", "pre_train_t5"}
+PROJECT_MODULES = set(FILES)  # the top-level files: the scripts, the registry, the collators users import
 
 
 def _sources(*patterns: str) -> list[str]:
@@ -34,10 +35,24 @@ def _project_aliases(tree: ast.Module) -> set[str]:
 
 
 def _project_imports(tree: ast.Module) -> set[str]:
-    """The project's modules a file imports from, by full name (`from t5_training.x import y`: t5_training.x)."""
+    """The project's modules a file imports, by full name: `from t5_training.x import y` is t5_training.x, and
+    `from t5_training import x` is t5_training.x where x is a module (else t5_training itself)."""
     names = {name.name for node in ast.walk(tree) if isinstance(node, ast.Import) for name in node.names}
-    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            folder = os.path.join(fixtures.REPO, *node.module.split("."))
+            submodules = {f"{node.module}.{n.name}" for n in node.names
+                          if os.path.exists(os.path.join(folder, n.name + ".py"))
+                          or os.path.isdir(os.path.join(folder, n.name))}
+            names |= submodules or {node.module}
+            if len(submodules) < len(node.names):
+                names.add(node.module)
     return {name for name in names if name.split(".")[0] in PROJECT_MODULES | {"t5_training", "tests"}}
+
+
+def _imports_of(name: str) -> set[str]:
+    with open(os.path.join(fixtures.REPO, name), encoding="utf-8") as f:
+        return _project_imports(ast.parse(f.read()))
 
 
 class LayoutTest(absltest.TestCase):
@@ -59,7 +74,8 @@ class LayoutTest(absltest.TestCase):
 
     def test_package_files_and_functions_stay_small(self):
         long_files, long_functions = [], []
-        for path in _sources("t5_training/**/*.py", "fine_tune_t5.py", "pre_train_t5.py", "data_collator_t5.py"):
+        for path in _sources("t5_training/**/*.py", "fine_tune_t5.py", "pre_train_t5.py", "data_collator_t5.py",
+                              "constants.py", "demo.py"):
             with open(path, encoding="utf-8") as f:
                 text = f.read()
             name = os.path.relpath(path, fixtures.REPO)
@@ -72,20 +88,36 @@ class LayoutTest(absltest.TestCase):
         self.assertEqual(long_files, [])
         self.assertEqual(long_functions, [])
 
-    def test_the_registry_and_the_collator_import_nothing_from_the_project(self):
-        # The collator's one project import is its row randomness, a leaf that imports nothing back.
-        for name, allowed in (("constants.py", set()), ("data_collator_t5.py", {"t5_training.row_keys"}),
-                              ("t5_training/row_keys.py", set())):
+    def test_the_leaves_import_only_what_their_place_allows(self):
+        # The registry is data on the entries' schema; the collators build on the rows' randomness only;
+        # the mixture of denoisers on the collators' blocks; users' data_collator_t5 names the two.
+        allowed = {
+            "constants.py": {"t5_training.entries"},
+            "t5_training/entries.py": set(),
+            "t5_training/row_keys.py": set(),
+            "t5_training/collators.py": {"t5_training.row_keys"},
+            "t5_training/denoisers.py": {"t5_training.collators", "t5_training.errors", "t5_training.row_keys",
+                                         "t5_training.span_masks"},
+            "data_collator_t5.py": {"t5_training.collators", "t5_training.denoisers"},
+        }
+        for name, modules in allowed.items():
+            self.assertEqual(_imports_of(name), modules, name)
+
+    def test_the_package_imports_no_top_level_file_and_one_module_reads_the_registry(self):
+        found, readers = [], []
+        for path in _sources("t5_training/**/*.py"):
+            name = os.path.relpath(path, fixtures.REPO)
+            found += [f"{name} imports {m}" for m in _imports_of(name) if m.split(".")[0] in PROJECT_MODULES]
+            with open(path, encoding="utf-8") as f:
+                if 'load("constants")' in f.read():
+                    readers.append(name)
+        self.assertEqual(found, [], "the package reaches a top-level file through t5_training.top_level.load")
+        self.assertEqual(readers, ["t5_training/registry.py"])
+
+    def test_the_scripts_are_tables_of_contents(self):
+        for name in ("fine_tune_t5.py", "pre_train_t5.py"):
             with open(os.path.join(fixtures.REPO, name), encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-            self.assertEqual(_project_aliases(tree), set(), name)
-            self.assertEqual(_project_imports(tree), allowed, name)
-        # The mixture of denoisers builds on the collator's blocks, and on nothing else of the project.
-        with open(os.path.join(fixtures.REPO, "denoisers.py"), encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        self.assertEqual(_project_aliases(tree), set())
-        self.assertEqual(imported & PROJECT_MODULES, {"data_collator_t5"})
+                self.assertLessEqual(f.read().count("\n"), 160, name)
 
 
 if __name__ == "__main__":

@@ -329,8 +329,8 @@ class ResumeCheckTest(parameterized.TestCase):
     MIXED = {"tasks": ["sst2", "cola"], "train_rows": [100, 50], "rates": [2 / 3, 1 / 3], "epoch_rows": 144}
 
     def test_the_same_mixture_or_one_task_on_both_sides_resumes(self):
-        mixture.check_same_mixture(dict(self.MIXED), dict(self.MIXED), "ckpt")
-        mixture.check_same_mixture({}, {}, "ckpt")
+        mixture.check_same_tasks(dict(self.MIXED), dict(self.MIXED), "ckpt")
+        mixture.check_same_tasks({}, {}, "ckpt")
 
     @parameterized.named_parameters(
         ("mixture_resumed_as_one_task", MIXED, {}, "was trained on a mixture (sst2 66.67% of 100, cola 33.33% of 50) "
@@ -341,7 +341,7 @@ class ResumeCheckTest(parameterized.TestCase):
     )
     def test_a_different_data_position_is_one_line(self, saved, now, said):
         with self.assertRaisesRegex(UsageError, "checkpoint ckpt " + re.escape(said)) as cm:
-            mixture.check_same_mixture(saved, now, "ckpt")
+            mixture.check_same_tasks(saved, now, "ckpt")
         self.assertTrue(str(cm.exception).endswith(
             "; resume with its --dataset_name, mixing flags and --max_train_samples, or start a new run from its "
             "weights with --model_name_or_path"), str(cm.exception))
@@ -350,7 +350,7 @@ class ResumeCheckTest(parameterized.TestCase):
     def test_describe_is_what_the_check_compares(self):
         # The keys a checkpoint's TrainState.mixture holds: changing them would refuse every saved mixture.
         sampler = _sampler([100, 50], [2 / 3, 1 / 3], epoch_rows=144)
-        self.assertEqual(mixture.describe(("sst2", "cola"), sampler), self.MIXED)
+        self.assertEqual(mixture.task_record(("sst2", "cola"), sampler), self.MIXED)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,6 +12,7 @@ import zipfile
 import yaml
 from absl.testing import absltest
 
+from t5_training.top_level import FILES
 from tests import cli_batch, fixtures
 
 
@@ -73,15 +75,20 @@ class OptionalDependenciesTest(absltest.TestCase):
 
 
 class WheelTest(absltest.TestCase):
-    """A non-editable install has every module and model config a command needs."""
+    """A non-editable install is one package with every module, script and model config a command needs."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         cls.tmp = tempfile.TemporaryDirectory()
+        # Built from a copy: setuptools reuses a checkout's build/ folder, whose stale files (a module
+        # since moved) would ship in the wheel and hide a missing one.
+        source = os.path.join(cls.tmp.name, "source")
+        shutil.copytree(fixtures.REPO, source, ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "mutants", "runs", "wandb", "gpu_carry", "*.egg-info", "__pycache__"))
         # --no-build-isolation: setuptools is installed already, and the build needs no network.
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                        "-w", cls.tmp.name, fixtures.REPO], check=True, capture_output=True, cwd=cls.tmp.name)
+                        "-w", cls.tmp.name, source], check=True, capture_output=True, cwd=cls.tmp.name)
         cls.wheel = glob.glob(os.path.join(cls.tmp.name, "*.whl"))[0]
         cls.names = set(zipfile.ZipFile(cls.wheel).namelist())
 
@@ -90,10 +97,16 @@ class WheelTest(absltest.TestCase):
         cls.tmp.cleanup()
         super().tearDownClass()
 
-    def test_every_top_level_module_and_package_module_is_in_it(self):
+    def test_it_installs_one_package_with_the_top_level_files_inside(self):
+        outside = sorted(n for n in self.names if not n.startswith(("t5_training/", "t5_training-")))
+        self.assertEqual(outside, [], "a bare module in site-packages shadows (or is shadowed by) another project's")
         top_level = {os.path.basename(p) for p in glob.glob(os.path.join(fixtures.REPO, "*.py"))}
-        self.assertTrue({"pre_train_t5.py", "data_collator_t5.py", "fine_tune_t5.py", "constants.py"} <= top_level)
-        self.assertContainsSubset(top_level, self.names)
+        self.assertEqual(top_level, {f"{name}.py" for name in FILES})
+        self.assertContainsSubset({f"t5_training/shipped/{name}" for name in top_level}, self.names)
+        entry_points = zipfile.ZipFile(self.wheel).read(
+            next(n for n in self.names if n.endswith(".dist-info/entry_points.txt"))).decode()
+        for command, function in (("t5-pretrain", "pretrain"), ("t5-fine-tune", "fine_tune"), ("t5-demo", "demo")):
+            self.assertIn(f"{command} = t5_training.commands:{function}", entry_points)
         package = {os.path.relpath(p, fixtures.REPO).replace(os.sep, "/")
                    for p in glob.glob(os.path.join(fixtures.REPO, "t5_training", "**", "*.py"), recursive=True)}
         self.assertContainsSubset({"t5_training/tools/memory.py", "t5_training/tools/sweep/cli.py"}, package)
@@ -109,11 +122,17 @@ class WheelTest(absltest.TestCase):
         site = os.path.join(self.tmp.name, "site")
         zipfile.ZipFile(self.wheel).extractall(site)
         env = {**os.environ, "PYTHONPATH": site, "HF_HUB_OFFLINE": "1"}
-        probe = ("import data_collator_t5, pre_train_t5, fine_tune_t5, t5_training.tools.dataset_stats\n"
+        # Another project's `constants` where the command runs: the wheel reads its own registry.
+        with open(os.path.join(self.tmp.name, "constants.py"), "w", encoding="utf-8") as f:
+            f.write("raise ImportError('another project')\n")
+        probe = ("import t5_training.tools.dataset_stats\n"
+                 "from t5_training import top_level\n"
                  "from t5_training.modeling import resolve_config_name\n"
-                 "print(pre_train_t5.__file__, data_collator_t5.__file__, resolve_config_name('t5-tiny'),\n"
+                 "print(top_level.load('pre_train_t5').__file__, top_level.load('constants').__name__,\n"
+                 "      resolve_config_name('t5-tiny'),\n"
                  "      resolve_config_name('configs/t5-base.json'), resolve_config_name('google/t5-v1_1-small'))")
-        commands = [["-m", "t5_training.dataset_stats", "--help"], ["-m", "pre_train_t5", "--help"],
+        commands = [["-m", "t5_training.dataset_stats", "--help"], ["-m", "t5_training.commands", "pretrain", "--help"],
+                    ["-c", "from t5_training.commands import fine_tune; fine_tune()", "--help"],
                     ["-m", "t5_training.sweep", "--help"],
                     # its default --config_name is configs/t5-small.json, the checkout's path
                     ["-m", "t5_training.memory", "--batch_size", "1", "--source_length", "8", "--target_length", "2"]]
@@ -122,7 +141,9 @@ class WheelTest(absltest.TestCase):
                                                 cwd=self.tmp.name, env=env)
         self.assertEqual(probe_run["returncode"], 0, probe_run["stderr"][-2000:])
         out = probe_run["stdout"].split()
-        for path in out[:4]:  # the wheel's copies, not the checkout's
+        self.assertTrue(out[0].startswith(os.path.join(site, "t5_training", "shipped")), out[0])
+        self.assertEqual(out[1], "t5_training.shipped.constants")
+        for path in out[2:4]:  # the wheel's copies, not the checkout's
             self.assertTrue(path.startswith(site), path)
         self.assertTrue(out[2].endswith(os.path.join("t5_training", "configs", "t5-tiny.json")))
         self.assertTrue(out[3].endswith(os.path.join("t5_training", "configs", "t5-base.json")))

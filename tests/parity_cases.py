@@ -13,7 +13,7 @@ import unittest
 
 import numpy as np
 
-import data_collator_t5 as dc
+from t5_training import collators as dc
 from t5_training.registry import GLUE
 from t5_training import data, submission, tasks
 from tests import fixtures

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from absl.testing import absltest, parameterized
 
-import data_collator_t5 as dc
+from t5_training import collators as dc
 from t5_training.registry import GLUE
 from t5_training import evaluation, metrics, mixture, multitask, tasks
 from tests import fixtures

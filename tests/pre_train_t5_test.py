@@ -17,10 +17,9 @@ import yaml
 from absl.testing import absltest, parameterized
 from transformers import AutoConfig, T5ForConditionalGeneration
 
-import denoisers
 import fine_tune_t5
 import pre_train_t5
-from t5_training import loop, run_dir
+from t5_training import denoisers, loop, pretrain_data, run_dir
 from t5_training.errors import UsageError
 from tests import fixtures
 
@@ -188,7 +187,7 @@ class UL2Test(parameterized.TestCase):
         # A seed whose one row draws a denoiser with a shorter target than the longest.
         collate = next(c for c in mixtures if c([{"input_ids": [2] * c.raw_length, "idx": 0}])["labels"].size(1)
                        < c.target_length)
-        batch = pre_train_t5.longest_batch(collate, tokenizer, 1)
+        batch = pretrain_data.make_longest_batch(collate, tokenizer)(1)
         self.assertEqual(batch["labels"].shape, (1, collate.target_length))
         self.assertEqual(batch["decoder_input_ids"].shape, (1, collate.target_length))
         self.assertEqual(batch["input_ids"].shape, (1, 32))
@@ -270,10 +269,10 @@ class LoadersTest(absltest.TestCase):
         config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
             "unused", "--max_seq_length", "32", "--per_device_train_batch_size", "4"))
         tokenizer = pre_train_t5.load_tokenizer_and_model(config)[0]
-        collator = pre_train_t5.build_collator(config, tokenizer)
+        collator = pretrain_data.build_collator(config, tokenizer)
         chunks = np.arange(12 * collator.raw_length).reshape(12, collator.raw_length) % 900 + 5
         packed = datasets.Dataset.from_dict({"input_ids": chunks, "idx": np.arange(12)}).with_format("numpy")
-        train = pre_train_t5.build_loaders(config, packed, packed, collator)[0]
+        train = pretrain_data.build_loaders(config, packed, packed, collator)[0]
 
         def epoch(number):  # each chunk's corrupted input, by the chunk's first token
             train.sampler.set_epoch(number)
@@ -291,7 +290,7 @@ class LoadersTest(absltest.TestCase):
         config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
             "unused", "--max_seq_length", "32", "--dataloader_num_workers", "2"))
         packed = datasets.Dataset.from_dict({"input_ids": np.zeros((4, 8), dtype=np.int64), "idx": np.arange(4)})
-        train, evaluation_loader = pre_train_t5.build_loaders(config, packed, packed, collator=None)
+        train, evaluation_loader = pretrain_data.build_loaders(config, packed, packed, collator=None)
         self.assertEqual((train.num_workers, evaluation_loader.num_workers), (2, 2))
         self.assertEqual(evaluation_loader.pin_memory, train.pin_memory)
 
@@ -304,9 +303,9 @@ class CompileShapesTest(parameterized.TestCase):
         # shape (runtime.build_accelerator); UL2 pads targets to the longest denoiser drawn.
         config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, pretrain_args(
             "unused", "--max_seq_length", "32", "--objective", objective))
-        self.assertEqual(pre_train_t5.fixed_batch_shapes(config), fixed)
+        self.assertEqual(pretrain_data.fixed_batch_shapes(config), fixed)
         if fixed:
-            collator = pre_train_t5.build_collator(config, pre_train_t5.load_tokenizer_and_model(config)[0])
+            collator = pretrain_data.build_collator(config, pre_train_t5.load_tokenizer_and_model(config)[0])
             rng = np.random.default_rng(0)
             shapes = {tuple((k, tuple(v.shape)) for k, v in sorted(collator(
                 [{"input_ids": rng.integers(5, 900, collator.raw_length), "idx": i} for i in range(4)]).items()))

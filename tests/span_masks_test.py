@@ -3,7 +3,7 @@
 from absl.testing import absltest
 import numpy as np
 
-import data_collator_t5 as dc
+from t5_training import collators as dc
 from t5_training import row_keys, span_masks
 
 

@@ -11,7 +11,7 @@ from absl.testing import absltest, parameterized
 import sentencepiece as spm
 from transformers import AutoTokenizer, T5TokenizerFast
 
-import denoisers
+from t5_training import denoisers
 from t5_training import modeling
 from t5_training.tools import tokenizer as tokenizer_lib
 from tests import fixtures

@@ -25,8 +25,8 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-import denoisers
-from data_collator_t5 import compute_input_and_target_lengths
+from t5_training import denoisers
+from t5_training.collators import compute_input_and_target_lengths
 from t5_training import corpus, data, reporting
 from t5_training.config import parse_config
 from t5_training.errors import UsageError, run_cli

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast
 
-from denoisers import MODE_TOKENS
+from t5_training.denoisers import MODE_TOKENS
 from t5_training.modeling import NUM_SENTINELS
 
 

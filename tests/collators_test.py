@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, T5TokenizerFast
 
-import data_collator_t5 as dc
+from t5_training import collators as dc
 from t5_training import row_keys
 from tests import fixtures
 

@@ -10,7 +10,7 @@ denoisers with sampling rates; each row of a batch draws its denoiser from the r
     batch = collate(examples)
     info = {key: batch.pop(key) for key in BATCH_INFO_KEYS}   # the model's forward takes the rest
 
-The building blocks are the collator's (data_collator_t5: T5's lengths, masks, sentinel replacement,
+The building blocks are the collators' (t5_training.collators: T5's lengths, masks, sentinel replacement,
 prefix split; t5_training.row_keys: the rows' random keys), so every denoiser keeps its guarantees.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import yaml
 
-from data_collator_t5 import (compute_input_and_target_lengths, corrupted_lengths, min_prefix_length,
+from t5_training.collators import (compute_input_and_target_lengths, corrupted_lengths, min_prefix_length,
                               random_prefix_split, replace_runs, sentinel_ids, shift_right, span_counts,
                               split_prefix, stack_chunks)
 from t5_training.errors import UsageError
@@ -167,13 +167,13 @@ def mixture_lengths(input_length: int, denoisers) -> tuple[list[int], list[int],
     return raw_lengths, target_lengths, input_lengths
 
 
-def describe(denoisers, rates, input_length: int) -> dict:
-    """What a mixture draws from, as a checkpoint records it (TrainState.mixture)."""
+def denoiser_record(denoisers, rates, input_length: int) -> dict:
+    """What a mixture of denoisers draws from, as a checkpoint records it (TrainState.mixture)."""
     return {"input_length": input_length, "denoisers": [{**dataclasses.asdict(d), "rate": float(r)}
                                                         for d, r in zip(denoisers, rates)]}
 
 
-def check_same_mixture(saved: dict, now: dict, path: str) -> None:
+def check_same_denoisers(saved: dict, now: dict, path: str) -> None:
     """Refuses to resume from a checkpoint that drew from another mixture or another input length, or that
     UL2 made and another objective resumes (or the other way round; other objectives record no mixture):
     its batches, masks and packed chunks would not be the ones an uninterrupted run sees next."""
