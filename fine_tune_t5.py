@@ -82,7 +82,10 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
                                          "written as a fallback, warned about on stderr; files not written)."})
 
     def __post_init__(self):
-        super().__post_init__()
+        # This order picks the one error a config with several bad flags gets: the adapter flags, the training
+        # loop's, then this script's own. ModelConfig has no checks; the mixture's need the registry (last).
+        self.check_adapter_flags()
+        self.check_training_flags()
         if self.max_source_length < 2 or self.max_target_length < 2:
             raise UsageError("--max_source_length and --max_target_length must be at least 2 (text + EOS)")
         for name in ("max_train_samples", "max_eval_samples"):

@@ -19,7 +19,7 @@ from typing import Literal
 from accelerate.utils import set_seed
 
 from t5_training import agreement, batch_size, denoisers, loop, pretrain_data, run_dir, runtime, teacher_forced
-from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config
+from t5_training.config import OPTIMIZERS, SCHEDULERS, ModelConfig, TrainingConfig, parse_config, resolve_objective
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
 
@@ -77,25 +77,28 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
             raise UsageError("--mean_noise_span_length must be >= 1, --max_seq_length >= 8, --max_eval_samples >= 1")
         self._check_objective()
 
+    @property
+    def resolved_objective(self) -> str:
+        """The objective the run trains: --objective, or if unset the mixture a --denoisers file lists, else span
+        corruption."""
+        return resolve_objective(self.objective, self.denoisers)
+
     def _check_objective(self):
-        # An unset --objective is span corruption, or the mixture a --denoisers file lists.
-        if self.objective is None:
-            object.__setattr__(self, "objective", "ul2" if self.denoisers else "span_corruption")
-        if self.denoisers and self.objective != "ul2":
-            raise UsageError(f"--denoisers lists a mixture of denoisers, which --objective {self.objective} is not; "
-                             "drop --objective (or pass --objective ul2)")
-        if self.objective == "ul2" and (self.noise_density, self.mean_noise_span_length) != SPAN_NOISE:
+        if self.denoisers and self.resolved_objective != "ul2":
+            raise UsageError(f"--denoisers lists a mixture of denoisers, which --objective {self.resolved_objective} "
+                             "is not; drop --objective (or pass --objective ul2)")
+        if self.resolved_objective == "ul2" and (self.noise_density, self.mean_noise_span_length) != SPAN_NOISE:
             raise UsageError("--noise_density and --mean_noise_span_length are span corruption's; with --objective "
                              "ul2 each denoiser has its own: list them in a --denoisers file")
 
     def check_given(self, given: frozenset[str]) -> None:
         """Refuses span corruption's flags, typed (`given`) even at their defaults, with another objective."""
         typed = [f"--{name}" for name in ("noise_density", "mean_noise_span_length") if name in given]
-        if not typed or self.objective == "span_corruption":
+        if not typed or self.resolved_objective == "span_corruption":
             return
         flags, one = " and ".join(typed), len(typed) == 1
         flags += " is span corruption's" if one else " are span corruption's"
-        if self.objective == "ul2":
+        if self.resolved_objective == "ul2":
             raise UsageError(f"{flags}; with --objective ul2 each denoiser has its own: list them in a --denoisers "
                              "file")
         raise UsageError(f"{flags}; --objective prefix_lm corrupts no spans (it cuts each chunk into a prefix and its "
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = loop.Objective("loss", greater_is_better=False)
     # A mixture's held-out loss is also reported per denoiser, as eval/<name>/loss.
-    names = [d.name for d in collator.denoisers] if config.objective == "ul2" else []
+    names = [d.name for d in collator.denoisers] if config.resolved_objective == "ul2" else []
     evaluate = teacher_forced.make_evaluator(accelerator, run.eval_loaders["validation"], names)
     state = loop.train(accelerator, config, run, state, objective=objective, evaluate=evaluate,
                        export=run_dir.exporter(accelerator, tokenizer, config.output_dir))

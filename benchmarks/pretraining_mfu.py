@@ -213,7 +213,7 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
     if optim == "adamw_unfused":
         optimizer = build_optimizer(model, run_config)
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
-        optimizer = torch.optim.AdamW(groups, lr=run_config.learning_rate)
+        optimizer = torch.optim.AdamW(groups, lr=run_config.resolved_learning_rate)
     else:
         optimizer = build_optimizer(model, dataclasses.replace(run_config, optim=optim) if optim else run_config)
     return accelerator.prepare(model, optimizer)

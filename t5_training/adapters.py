@@ -75,6 +75,10 @@ class AdapterConfig:
     prompt_init_text: str | None = field(default=None, metadata={"help": "With --prompt_init text."})
 
     def __post_init__(self):
+        self.check_adapter_flags()
+
+    def check_adapter_flags(self) -> None:
+        """One line for the first bad adapter flag (fine_tune_t5.py calls it first among its checks)."""
         if self.lora_r < 1 or self.lora_alpha <= 0:
             raise UsageError(f"--lora_r must be >= 1 and --lora_alpha > 0, got {self.lora_r} and {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
@@ -91,9 +95,6 @@ class AdapterConfig:
             if frozen:
                 raise UsageError(f"{frozen[0]} with --peft {self.peft}: the adapter already freezes every base weight "
                                  "and trains only its own; drop " + " and ".join(frozen))
-        parent = super()
-        if hasattr(parent, "__post_init__"):
-            parent.__post_init__()
 
     def check_given(self, given: frozenset[str]) -> None:
         """Refuses another method's flags (`given`: the flags typed): without its --peft they would do nothing."""

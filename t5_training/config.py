@@ -2,8 +2,10 @@
 
 Flag names follow HF `Seq2SeqTrainingArguments` wherever the concept exists, so a flag, a W&B
 sweep key and a `wandb.config` key are the same word. Each script subclasses `TrainingConfig`
-with its own model and data fields: one frozen dataclass per script. Derived values (total
-steps, the precision actually used) come from functions, never from mutating the config.
+with its own model and data fields: one frozen dataclass per script. A config holds the flags
+as given (None: unset) and is never changed once built: derived values come from functions
+(total steps, the precision actually used) or from read-only `resolved_<flag>` properties (the
+learning rate and schedule an unset flag means), and records (`config_to_dict`) hold those.
 """
 from __future__ import annotations
 
@@ -94,14 +96,21 @@ class TrainingConfig:
                                          "global batch stays the same."}
     )
 
+    @property
+    def resolved_learning_rate(self) -> float:
+        """The peak learning rate the run uses: --learning_rate, or the optimizer's default if unset."""
+        return OPTIMIZER_DEFAULTS[self.optim][0] if self.learning_rate is None else self.learning_rate
+
+    @property
+    def resolved_lr_scheduler_type(self) -> str:
+        """The schedule the run uses: --lr_scheduler_type, or the optimizer's default if unset."""
+        return OPTIMIZER_DEFAULTS[self.optim][1] if self.lr_scheduler_type is None else self.lr_scheduler_type
+
     def __post_init__(self):
-        # Filling an unset flag from the optimizer's defaults is part of building the config;
-        # nothing changes it afterwards.
-        default_lr, default_schedule = OPTIMIZER_DEFAULTS[self.optim]
-        if self.learning_rate is None:
-            object.__setattr__(self, "learning_rate", default_lr)
-        if self.lr_scheduler_type is None:
-            object.__setattr__(self, "lr_scheduler_type", default_schedule)
+        self.check_training_flags()
+
+    def check_training_flags(self) -> None:
+        """One line for the first bad value among the training flags (a subclass calls it where its order needs)."""
         positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
         for name in positive:
             if getattr(self, name) < 1:
@@ -114,8 +123,8 @@ class TrainingConfig:
                      "early_stopping_patience", "dataloader_num_workers", "max_nonfinite_steps"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise UsageError(f"--learning_rate must be positive, got {self.learning_rate}")
+        if self.resolved_learning_rate <= 0:
+            raise UsageError(f"--learning_rate must be positive, got {self.resolved_learning_rate}")
         if self.early_stopping_patience and not self.eval_steps:
             raise UsageError(f"--early_stopping_patience {self.early_stopping_patience} counts evaluations without "
                              "improvement, and --eval_steps 0 evaluates once, at the end: set --eval_steps N to "
@@ -215,9 +224,26 @@ def _file_to_words(path: str) -> list[str]:
     return words
 
 
+RESOLVED = "resolved_"
+
+
 def config_to_dict(config) -> dict:
-    """The config as plain values, for results files."""
-    return dataclasses.asdict(config)
+    """The config as plain values, as the run used them: what `config_for_trackers` sends to W&B and tensorboard.
+
+    A flag whose config has a `resolved_<flag>` property is recorded as that value, under the
+    flag's own name: an unset --learning_rate or --lr_scheduler_type as the optimizer's default,
+    pre_train_t5.py's unset --objective as the one it trains. So a record reads the same whether
+    a value was typed or left to the default, and never holds None for a value the run had.
+    """
+    return {name: getattr(config, RESOLVED + name, value) for name, value in dataclasses.asdict(config).items()}
+
+
+def resolve_objective(objective: str | None, denoisers: str | None) -> str:
+    """The pretraining objective of --objective and --denoisers (pre_train_t5.py, dataset_stats): an unset
+    --objective is the mixture a --denoisers file lists (ul2), and span corruption without one."""
+    if objective is not None:
+        return objective
+    return "ul2" if denoisers else "span_corruption"
 
 
 REDACTED = "<redacted>"

@@ -40,23 +40,23 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
     if deepspeed_config and "optimizer" in deepspeed_config:
         return _deepspeed_optimizer(groups, config, deepspeed_config)
     if config.optim == "adamw_scale":
-        return AdamWScale(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+        return AdamWScale(groups, lr=config.resolved_learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                           eps=config.adam_epsilon)
     if config.optim == "adafactor":
-        return T5Adafactor(groups, lr=config.learning_rate)
+        return T5Adafactor(groups, lr=config.resolved_learning_rate)
     if config.optim == "adafactor_hf":
         # HF's external-lr variant: every matrix factored, and no parameter scaling, so each
         # weight moves by about lr in absolute terms whatever its scale. Not T5's recipe.
         # Imported here: transformers.optimization pulls in the Trainer's utilities and peft (~1.5 s).
         from transformers.optimization import Adafactor
 
-        return Adafactor(groups, lr=config.learning_rate, scale_parameter=False, relative_step=False,
+        return Adafactor(groups, lr=config.resolved_learning_rate, scale_parameter=False, relative_step=False,
                          warmup_init=False)
     # Fused: one kernel per step instead of a dozen passes over the weights (about 25% less
     # optimizer time on a CPU, more on a GPU), and it can skip a non-finite step on the device
     # (see step.train_step). DeepSpeed's ZeRO optimizer drives the client optimizer itself.
     fused = deepspeed_config is None and all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+    return torch.optim.AdamW(groups, lr=config.resolved_learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                              eps=config.adam_epsilon, fused=fused)
 
 
@@ -83,7 +83,7 @@ def _deepspeed_optimizer(groups: list[dict], config: TrainingConfig, deepspeed_c
                          f'{json.dumps(block.get("type"))}; use "type": "AdamW"')
     # A key left out takes DeepSpeed's default, which would silently override the flag. The
     # groups carry their own weight decay, so the block's weight_decay never applies.
-    flags = {"lr": (config.learning_rate, 1e-3, "--learning_rate"),
+    flags = {"lr": (config.resolved_learning_rate, 1e-3, "--learning_rate"),
              "betas": ([config.adam_beta1, config.adam_beta2], [0.9, 0.999], "--adam_beta1 --adam_beta2"),
              "eps": (config.adam_epsilon, 1e-8, "--adam_epsilon")}
     for key, (value, default, flag) in flags.items():
@@ -94,7 +94,7 @@ def _deepspeed_optimizer(groups: list[dict], config: TrainingConfig, deepspeed_c
     # Imported here: accelerate.utils has DummyOptim only where DeepSpeed is installed, an optional extra.
     from accelerate.utils import DummyOptim
 
-    return DummyOptim(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
+    return DummyOptim(groups, lr=config.resolved_learning_rate, weight_decay=config.weight_decay)
 
 
 def _same_numbers(a, b) -> bool:
@@ -176,5 +176,5 @@ def lr_multiplier(kind: str, step: int, warmup: int, total: int) -> float:
 def build_scheduler(optimizer, config: TrainingConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     warmup = warmup_steps(config, total_steps)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(config.lr_scheduler_type, step, warmup, total_steps)
+        optimizer, lambda step: lr_multiplier(config.resolved_lr_scheduler_type, step, warmup, total_steps)
     )

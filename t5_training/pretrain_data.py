@@ -19,7 +19,7 @@ from t5_training.samplers import EpochNumberedSampler
 def fixed_batch_shapes(config) -> bool:
     """Whether every batch has one shape, for --torch_compile: span corruption's and the prefix LM's
     rows are as wide as their chunk; UL2 pads targets to the longest of the denoisers a batch drew."""
-    return config.objective != "ul2"
+    return config.resolved_objective != "ul2"
 
 
 def build_collator(config, tokenizer):
@@ -27,9 +27,9 @@ def build_collator(config, tokenizer):
     if not has_sentinels(tokenizer):
         raise UsageError(f"tokenizer {config.tokenizer_name or config.model_name_or_path!r} has no sentinel tokens "
                          "<extra_id_0..99>; train one with `python -m t5_training.tokenizer`")
-    if config.objective == "prefix_lm":
+    if config.resolved_objective == "prefix_lm":
         return DataCollatorForPrefixLM(tokenizer, raw_length=config.max_seq_length - 1, seed=config.seed)
-    if config.objective == "ul2":
+    if config.resolved_objective == "ul2":
         return build_mixture_collator(config, tokenizer)
     try:
         return DataCollatorForT5MLM(tokenizer, input_length=config.max_seq_length, noise_density=config.noise_density,
@@ -40,7 +40,7 @@ def build_collator(config, tokenizer):
 
 def drawn_from(config, collator) -> dict:
     """What a UL2 run draws its rows' denoisers from, for its checkpoints; other objectives record nothing."""
-    if config.objective != "ul2":
+    if config.resolved_objective != "ul2":
         return {}
     return denoisers.denoiser_record(collator.denoisers, collator.rates, collator.input_length)
 

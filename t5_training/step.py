@@ -104,6 +104,6 @@ def guard_nonfinite(accelerator, config: TrainingConfig, state, step: int, appli
             cause = "T5 overflows in fp16 (its feed-forward activations exceed 65504): use --mixed_precision bf16"
         else:
             cause = (f"the learning rate is likely too high for this model and batch: lower --learning_rate "
-                     f"(now {config.learning_rate:g}) or raise --warmup_steps")
+                     f"(now {config.resolved_learning_rate:g}) or raise --warmup_steps")
         raise DivergedError(f"the loss was not finite for {state.nonfinite_in_a_row} steps in a row (up to step "
                             f"{step}); {cause}. Checkpoints saved before that are intact")

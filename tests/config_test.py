@@ -18,6 +18,7 @@ import pre_train_t5
 from tests import fixtures
 from transformers import HfArgumentParser
 
+from t5_training import adapters, runtime
 from t5_training.config import TrainingConfig, config_to_dict, given_flags, parse_config
 from t5_training.errors import UsageError
 
@@ -34,8 +35,9 @@ class ParseConfigTest(parameterized.TestCase):
         config = parse()
         self.assertEqual(config, FineTuneConfig())
         self.assertIsInstance(config, TrainingConfig)
-        self.assertEqual((config.learning_rate, config.seed, config.benchmark, config.dataset_name),
+        self.assertEqual((config.resolved_learning_rate, config.seed, config.benchmark, config.dataset_name),
                          (3e-4, 42, "glue", "sst2"))
+        self.assertIsNone(config.learning_rate)  # the flag as given: unset
         self.assertIs(config.overwrite_output_dir, False)
         self.assertIsNone(config.data_dir)
         self.assertEqual(parse_config(FineTuneConfig, None), config)
@@ -158,7 +160,13 @@ class ParseConfigTest(parameterized.TestCase):
     )
     def test_unset_rate_and_schedule_follow_the_optimizer(self, words, learning_rate, schedule):
         config = parse(*words)
-        self.assertEqual((config.learning_rate, config.lr_scheduler_type), (learning_rate, schedule))
+        self.assertEqual((config.resolved_learning_rate, config.resolved_lr_scheduler_type), (learning_rate, schedule))
+        # The fields keep what was typed (None: unset); the record holds the values the run uses.
+        typed = "--learning_rate" in words
+        self.assertEqual((config.learning_rate, config.lr_scheduler_type),
+                         (learning_rate, schedule) if typed else (None, None))
+        self.assertEqual((config_to_dict(config)["learning_rate"], config_to_dict(config)["lr_scheduler_type"]),
+                         (learning_rate, schedule))
 
     @parameterized.named_parameters(
         ("one_step", ["--max_steps", "1", "--num_train_epochs", "0"], 1, 0.0),
@@ -208,7 +216,34 @@ class ParseConfigTest(parameterized.TestCase):
     def test_config_to_dict(self):
         values = config_to_dict(parse("--seed", "5", "--dataset_name", "cola"))
         self.assertEqual((values["seed"], values["dataset_name"], values["learning_rate"]), (5, "cola", 3e-4))
+        self.assertEqual(values["lr_scheduler_type"], "linear")
         self.assertEqual(set(values), {f.name for f in dataclasses.fields(FineTuneConfig)})
+
+    def test_trackers_are_sent_the_values_the_run_uses(self):
+        # W&B's and tensorboard's config (runtime.init_trackers): an unset rate is sent as the optimizer's.
+        config = parse("--optim", "adafactor", "--report_to", "wandb")
+        accelerator = mock.Mock()
+        runtime.init_trackers(accelerator, config, "project")
+        sent = accelerator.init_trackers.call_args.kwargs["config"]
+        self.assertEqual((sent["learning_rate"], sent["lr_scheduler_type"]), (1e-3, "constant"))
+        self.assertEqual((config.learning_rate, config.lr_scheduler_type), (None, None))
+
+    def test_validation_runs_in_a_fixed_order(self):
+        # The adapter flags first, then the training loop's, then fine_tune_t5.py's own.
+        bad = {"adapter": ["--lora_r", "0"], "training": ["--per_device_train_batch_size", "0"],
+               "script": ["--max_source_length", "1"]}
+        lines = {"adapter": "--lora_r must be >= 1", "training": "--per_device_train_batch_size must be at least 1",
+                 "script": "--max_source_length and --max_target_length must be at least 2"}
+        for first, rest in (("adapter", ("training", "script")), ("training", ("script",)), ("script", ())):
+            words = [word for name in (first, *rest) for word in bad[name]]
+            with self.assertRaisesRegex(UsageError, "^" + lines[first]):
+                parse(*words)
+
+    def test_fine_tune_runs_the_checks_of_every_part(self):
+        # FineTuneConfig calls its parts' checks by name, not through super(): a part that gains a
+        # __post_init__ must be called there too.
+        with_checks = {base for base in FineTuneConfig.__mro__[1:] if "__post_init__" in vars(base)}
+        self.assertEqual(with_checks, {adapters.AdapterConfig, TrainingConfig})
 
 
 WHOLE_MODEL = "and this run trains the whole model (--peft none)"

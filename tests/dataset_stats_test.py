@@ -11,6 +11,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 from t5_training import data
+from t5_training.config import parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
@@ -208,6 +209,29 @@ class CorpusTest(TempDirTestCase):
                            "--max_seq_length", "128"])
         self.assertEqual((stats["packing"]["chunk_length"], stats["packing"]["chunks"]), (140, 1))
         self.assertIn("0.0% of the packed tokens dropped", text)
+
+    def test_an_unset_objective_is_span_corruption_in_the_written_stats(self):
+        path = os.path.join(self.dir, "corpus.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))
+        argv = ["--corpus_file", path, "--tokenizer_name", tokenizer_dir(), "--max_seq_length", "16",
+                "--json", os.path.join(self.dir, "stats.json")]
+        config = parse_config(dataset_stats.StatsConfig, argv)
+        self.assertEqual((config.objective, config.resolved_objective), (None, "span_corruption"))
+        run(argv)
+        with open(os.path.join(self.dir, "stats.json"), encoding="utf-8") as f:
+            written = json.load(f)["packing"]
+        self.assertEqual(written["objective"], "span corruption at 0.15 noise, mean span 3: 16 encoder tokens")
+        self.assertEqual(written["chunk_length"], dataset_stats.packing(config)[0])
+
+    @parameterized.named_parameters(
+        ("unset", [], None, "span_corruption"),
+        ("a_denoisers_file_means_the_mixture", ["--denoisers", "m.yaml"], None, "ul2"),
+        ("typed", ["--objective", "prefix_lm"], "prefix_lm", "prefix_lm"),
+    )
+    def test_objective_as_given_and_as_resolved(self, flags, given, resolved):
+        config = parse_config(dataset_stats.StatsConfig, ["--corpus_file", "x.txt", *flags])
+        self.assertEqual((config.objective, config.resolved_objective), (given, resolved))
 
 
 class BadInputTest(TempDirTestCase):

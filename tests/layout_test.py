@@ -88,6 +88,20 @@ class LayoutTest(absltest.TestCase):
         self.assertEqual(long_files, [])
         self.assertEqual(long_functions, [])
 
+    def test_no_file_writes_into_a_frozen_object(self):
+        # A frozen config is never changed once built: a value derived from its flags is a
+        # `resolved_<flag>` property or a function's result (t5_training/config.py).
+        found = []
+        for path in _sources("*.py", "t5_training/**/*.py", "tests/*.py", "benchmarks/*.py", "tools/**/*.py"):
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            if "__setattr__" not in text:  # most files: no need to parse them
+                continue
+            found += [f"{os.path.relpath(path, fixtures.REPO)}:{node.lineno}" for node in ast.walk(ast.parse(text))
+                      if isinstance(node, ast.Attribute) and node.attr == "__setattr__"
+                      and isinstance(node.value, ast.Name) and node.value.id == "object"]
+        self.assertEqual(found, [], "derive the value instead: a resolved_<flag> property or a function")
+
     def test_the_leaves_import_only_what_their_place_allows(self):
         # The registry is data on the entries' schema; the collators build on the rows' randomness only;
         # the mixture of denoisers on the collators' blocks; users' data_collator_t5 names the two.

@@ -334,8 +334,10 @@ class BuildOptimizerTest(parameterized.TestCase):
     )
     def test_unset_learning_rate_and_schedule_follow_the_optimizer(self, name, lr, schedule):
         config = _config(optim=name)
-        self.assertEqual((config.learning_rate, config.lr_scheduler_type), (lr, schedule))
+        self.assertEqual((config.resolved_learning_rate, config.resolved_lr_scheduler_type), (lr, schedule))
+        self.assertEqual((config.learning_rate, config.lr_scheduler_type), (None, None))  # unset stays unset
         given = _config(optim=name, learning_rate=5e-4, lr_scheduler_type="cosine")
+        self.assertEqual((given.resolved_learning_rate, given.resolved_lr_scheduler_type), (5e-4, "cosine"))
         self.assertEqual((given.learning_rate, given.lr_scheduler_type), (5e-4, "cosine"))
 
     def test_adafactor_follows_scheduler(self):

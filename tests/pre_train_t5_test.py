@@ -20,6 +20,7 @@ from transformers import AutoConfig, T5ForConditionalGeneration
 import fine_tune_t5
 import pre_train_t5
 from t5_training import denoisers, loop, pretrain_data, run_dir
+from t5_training.config import config_to_dict
 from t5_training.errors import UsageError
 from tests import fixtures
 
@@ -200,7 +201,10 @@ class UL2Test(parameterized.TestCase):
     )
     def test_objective(self, flags, objective):
         config = pre_train_t5.parse_config(pre_train_t5.PreTrainConfig, ["--train_file", "x.txt", *flags])
-        self.assertEqual(config.objective, objective)
+        self.assertEqual(config.resolved_objective, objective)
+        # The flag stays as given (None: unset); the trackers' record holds the objective trained.
+        self.assertEqual(config.objective, objective if "--objective" in flags else None)
+        self.assertEqual(config_to_dict(config)["objective"], objective)
 
     def test_train_tokens_count_what_the_model_reads(self):
         # Every window the loop steps on is recorded; the model's forward must never see the

@@ -94,7 +94,7 @@ class TrackerSecretsTest(parameterized.TestCase):
         self.assertEqual(logged["run_name"], REDACTED)
         self.assertEqual(logged["hub_token"], REDACTED)
         self.assertEqual(logged["output_dir"], "/home/someone/x")  # HOME is not a secret
-        self.assertEqual(logged["learning_rate"], config.learning_rate)
+        self.assertEqual(logged["learning_rate"], config.resolved_learning_rate)
         self.assertNotIn("0123456789abcdef", repr(logged))
 
     def test_list_flags_are_sent_as_one_string_with_secrets_redacted(self):

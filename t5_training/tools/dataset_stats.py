@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from t5_training import denoisers
 from t5_training.collators import compute_input_and_target_lengths
 from t5_training import corpus, data, reporting
-from t5_training.config import parse_config
+from t5_training.config import parse_config, resolve_objective
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
@@ -87,11 +87,9 @@ class StatsConfig:
         if self.corpus_file and (self.data_dir or self.train_file or self.validation_file):
             raise UsageError("--corpus_file reads a pretraining corpus: drop --data_dir/--train_file/"
                              "--validation_file, or drop --corpus_file to inspect a task")
-        if self.objective is None:  # as pre_train_t5.py: a --denoisers file implies its mixture
-            object.__setattr__(self, "objective", "ul2" if self.denoisers else "span_corruption")
-        if self.denoisers and self.objective != "ul2":
-            raise UsageError(f"--denoisers lists a mixture of denoisers, which --objective {self.objective} is not; "
-                             "drop --objective (or pass --objective ul2)")
+        if self.denoisers and self.resolved_objective != "ul2":
+            raise UsageError(f"--denoisers lists a mixture of denoisers, which --objective {self.resolved_objective} "
+                             "is not; drop --objective (or pass --objective ul2)")
         if self.max_seq_length < 8 or not 0 < self.noise_density < 1 or self.mean_noise_span_length < 1:
             raise UsageError("--max_seq_length must be >= 8, --noise_density in (0, 1), "
                              "--mean_noise_span_length >= 1")
@@ -100,6 +98,11 @@ class StatsConfig:
                 raise UsageError(f"{flag} {path!r} must end in {suffix}")
             if path and not os.path.isdir(os.path.dirname(path) or "."):
                 raise UsageError(f"{flag} {path}: folder {os.path.dirname(path)!r} does not exist; create it first")
+
+    @property
+    def resolved_objective(self) -> str:
+        """How the corpus is packed, as pre_train_t5.py decides it: a --denoisers file implies its mixture."""
+        return resolve_objective(self.objective, self.denoisers)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -183,9 +186,9 @@ def corpus_stats(config: StatsConfig, tokenizer) -> dict:
 def packing(config: StatsConfig) -> tuple[int, str, dict | None]:
     """(chunk length, how the objective uses a chunk, raw tokens each denoiser reads or None), as pre_train_t5.py packs."""
     read = None
-    if config.objective == "prefix_lm":
+    if config.resolved_objective == "prefix_lm":
         chunk, how = config.max_seq_length - 1, "prefix LM: split into input and target"
-    elif config.objective == "ul2":
+    elif config.resolved_objective == "ul2":
         mixture, rates = denoisers.read_mixture(config.denoisers)
         read = dict(zip((d.name for d in mixture), denoisers.mixture_lengths(config.max_seq_length, mixture)[0]))
         chunk = max(read.values())
