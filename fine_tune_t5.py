@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer, model = load_tokenizer_and_model(config, evaluate_only=not config.do_train)
     check_lengths(model, max_source_length=config.max_source_length, max_target_length=config.max_target_length)
     model = adapters.apply(model, config, config.tokenizer_name or config.model_name_or_path,
-                           zero3=evaluation.is_zero3(accelerator), random_base=not config.model_name_or_path,
+                           zero3=runtime.uses_deepspeed_zero3(accelerator), random_base=not config.model_name_or_path,
                            log=accelerator.print)
     # Before accelerate prepares the model (ZeRO-3 partitions it), and before any data is read.
     adapter = adapter_record.describe(config, model)

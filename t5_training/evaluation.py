@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from accelerate.utils import DistributedType
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -20,6 +19,7 @@ from t5_training import adapters, no_label
 from t5_training.data import in_row_order, shift_right
 from t5_training.errors import UsageError
 from t5_training.losses import row_cross_entropy
+from t5_training.runtime import uses_deepspeed_zero3
 from t5_training.tasks import kind_of, make_scorer, metric_key, target_text
 
 
@@ -29,17 +29,12 @@ class SplitPredictions:
     loss: float
 
 
-def is_zero3(accelerator) -> bool:
-    return (accelerator.distributed_type == DistributedType.DEEPSPEED
-            and accelerator.state.deepspeed_plugin.zero_stage == 3)
-
-
 def resolve_decoding(requested: str, entry, accelerator) -> str:
     """`--eval_decoding`: 'score' for classification (where it gives greedy's exact predictions), else 'generate'."""
     # Under ZeRO-3 every process must run the same forward passes, which generation already
     # arranges (synced_gpus) and the scorer's fallback to generation would not.
     closed = kind_of(entry).closed_label_set
-    scorable = closed and not is_zero3(accelerator)
+    scorable = closed and not uses_deepspeed_zero3(accelerator)
     if requested == "score" and not scorable:
         why = "under ZeRO-3" if closed else f"for a {entry.kind} task"
         raise UsageError(f"--eval_decoding score scores label candidates, which does not work {why}; "
@@ -157,7 +152,7 @@ class GreedyDecoder:
             encoder_outputs=BaseModelOutput(last_hidden_state=encoded[rows]), attention_mask=mask[rows],
             max_new_tokens=self.max_new_tokens, num_beams=1, do_sample=False,
             # Under ZeRO-3 every process must run the same number of forward passes.
-            synced_gpus=is_zero3(self.accelerator),
+            synced_gpus=uses_deepspeed_zero3(self.accelerator),
         )
         return generated[:, 1:]  # without the decoder start token
 

@@ -87,6 +87,13 @@ def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> 
     return accelerator
 
 
+def uses_deepspeed_zero3(accelerator: Accelerator) -> bool:
+    """Whether DeepSpeed ZeRO stage 3 partitions the model's weights across the processes: every forward
+    pass then needs all of them (generation's `synced_gpus`), and some adapters cannot run (DoRA)."""
+    return (accelerator.distributed_type == DistributedType.DEEPSPEED
+            and accelerator.state.deepspeed_plugin.zero_stage == 3)
+
+
 def _dynamo_plugin(config: TrainingConfig, fixed_shapes: bool) -> TorchDynamoPlugin | None:
     """`--torch_compile`: accelerate compiles the model in `prepare` and unwraps it for saving."""
     if not config.torch_compile:

@@ -187,13 +187,6 @@ class TaskFiles:
     missing: list[str] = field(default_factory=list)
 
 
-def write_submission(entry: TaskEntry, tests: dict[str, datasets.Dataset], predictions: dict[str, list[str]],
-                     train_labels: Sequence, output_dir: str, log=print, warn=no_label.to_stderr) -> dict:
-    """One task's files in output_dir/submission/, the zip and predict_results.json (see `finish`)."""
-    return finish(output_dir, [write_task_files(entry, tests, predictions, train_labels, output_dir, log, warn)],
-                  log, warn)
-
-
 def write_task_files(entry: TaskEntry, tests: dict[str, datasets.Dataset], predictions: dict[str, list[str]],
                      train_labels: Sequence, output_dir: str, log=print, warn=no_label.to_stderr) -> TaskFiles:
     """A task's leaderboard files in output_dir/submission/: a line printed per file, and a `warn` line

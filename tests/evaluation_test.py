@@ -9,6 +9,7 @@ import csv
 import math
 import os
 import tempfile
+from unittest import mock
 
 import torch
 from absl.testing import absltest, parameterized
@@ -196,6 +197,14 @@ class ResolveDecodingTest(parameterized.TestCase):
     def test_choice(self, task, requested, expected):
         accelerator = Accelerator(cpu=True)
         self.assertEqual(evaluation.resolve_decoding(requested, get_entry("glue", task), accelerator), expected)
+
+    def test_under_zero3_classification_is_generated(self):
+        # Every process must run the same forward passes (runtime.uses_deepspeed_zero3): no scoring.
+        with mock.patch.object(evaluation, "uses_deepspeed_zero3", return_value=True):
+            self.assertEqual(evaluation.resolve_decoding("auto", get_entry("glue", "sst2"), None), "generate")
+            with self.assertRaisesRegex(UsageError, "^--eval_decoding score scores label candidates, which does not "
+                                                    "work under ZeRO-3; use --eval_decoding generate"):
+                evaluation.resolve_decoding("score", get_entry("glue", "sst2"), None)
 
     def test_score_refused_for_regression(self):
         with self.assertRaisesRegex(UsageError, "regression task.*--eval_decoding generate"):

@@ -7,7 +7,7 @@ import transformers
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from accelerate.utils import TorchDynamoPlugin
+from accelerate.utils import DistributedType, TorchDynamoPlugin
 
 from t5_training import runtime
 from t5_training.config import TrainingConfig
@@ -28,6 +28,20 @@ class TotalStepsTest(parameterized.TestCase):
 def _accelerator_stand_in(**kwargs) -> mock.MagicMock:
     """What build_accelerator reads back from the Accelerator it builds: the compile settings it took."""
     return mock.MagicMock(state=mock.Mock(dynamo_plugin=kwargs["dynamo_plugin"] or TorchDynamoPlugin()))
+
+
+class DeepSpeedZero3Test(parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("zero3", DistributedType.DEEPSPEED, 3, True),
+        ("zero2", DistributedType.DEEPSPEED, 2, False),
+        ("data_parallel", DistributedType.MULTI_GPU, None, False),
+        ("fsdp", DistributedType.FSDP, None, False),
+        ("one_process", DistributedType.NO, None, False),
+    )
+    def test_only_zero_stage_3_counts(self, distributed_type, stage, expected):
+        plugin = mock.Mock(zero_stage=stage) if stage else None
+        accelerator = mock.Mock(distributed_type=distributed_type, state=mock.Mock(deepspeed_plugin=plugin))
+        self.assertIs(runtime.uses_deepspeed_zero3(accelerator), expected)
 
 
 class DeviceInUseTest(parameterized.TestCase):

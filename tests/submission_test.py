@@ -38,6 +38,12 @@ def _read_lines(path: str) -> list[str]:
         return f.read().split("\n")[:-1]
 
 
+def write_one_task(entry, tests, predictions, train_labels, output_dir, log, warn) -> dict:
+    """One task's files, the zip and predict_results.json, written as fine_tune_t5.predict writes them."""
+    part = submission.write_task_files(entry, tests, predictions, train_labels, output_dir, log, warn)
+    return submission.finish(output_dir, [part], log, warn)
+
+
 class WriteTaskFileTest(fixtures.TempDirTestCase):
 
     @parameterized.named_parameters(
@@ -114,8 +120,8 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
                  for name in ("test_matched", "test_mismatched")}
         predictions = {"test_matched": ["neutral", "x"], "test_mismatched": ["y", "z"]}
         log, warned = [], []
-        written = submission.write_submission(get_entry("glue", "mnli"), tests, predictions, [2, 2, 1], self.dir,
-                                              log.append, warned.append)
+        written = write_one_task(get_entry("glue", "mnli"), tests, predictions, [2, 2, 1], self.dir,
+                                 log.append, warned.append)
         folder = os.path.join(self.dir, "submission")
         zip_path = os.path.join(self.dir, "submission.zip")
         self.assertEqual(written, {
@@ -150,8 +156,8 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
     def test_outputs_that_name_no_label_are_counted_and_warned_about(self, outputs, count, warnings):
         tests = {"test": datasets.Dataset.from_dict({"idx": [0, 1, 2, 3], "index": ["0", "1", "2", "3"]})}
         warned = []
-        written = submission.write_submission(get_entry("glue", "sst2"), tests, {"test": outputs}, [1, 1, 0],
-                                              self.dir, lambda line: None, warned.append)
+        written = write_one_task(get_entry("glue", "sst2"), tests, {"test": outputs}, [1, 1, 0],
+                                 self.dir, lambda line: None, warned.append)
         self.assertEqual(written["files"], {"SST-2.tsv": {"rows": 4, "no_label": count, "no_label_share": count / 4,
                                                           "written_as": "1"}})
         self.assertEqual(written["missing"], [])
@@ -163,8 +169,8 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
     def test_stsb_outputs_that_are_no_number_are_no_label(self):
         tests = {"test": datasets.Dataset.from_dict({"idx": [0, 1, 2], "index": ["0", "1", "2"]})}
         log, warned = [], []
-        written = submission.write_submission(get_entry("glue", "stsb"), tests, {"test": ["3.2", "high", "nan"]},
-                                              [1.0, 4.0], self.dir, log.append, warned.append)
+        written = write_one_task(get_entry("glue", "stsb"), tests, {"test": ["3.2", "high", "nan"]},
+                                 [1.0, 4.0], self.dir, log.append, warned.append)
         self.assertEqual(written["files"]["STS-B.tsv"], {"rows": 3, "no_label": 2, "no_label_share": 2 / 3,
                                                          "written_as": "2.500"})
         path = os.path.join(self.dir, "submission", "STS-B.tsv")
@@ -177,15 +183,15 @@ class WriteTaskFileTest(fixtures.TempDirTestCase):
     def test_a_split_missing_before_others_leaves_them_written(self):
         tests = {name: datasets.Dataset.from_dict({"idx": [0], "index": ["0"]}) for name in ("test_mismatched", "ax")}
         predictions = {"test_mismatched": ["neutral"], "ax": ["entailment"]}
-        written = submission.write_submission(get_entry("glue", "mnli"), tests, predictions, [2], self.dir,
-                                              lambda line: None, lambda line: None)
+        written = write_one_task(get_entry("glue", "mnli"), tests, predictions, [2], self.dir,
+                                 lambda line: None, lambda line: None)
         self.assertEqual(sorted(written["files"]), ["AX.tsv", "MNLI-mm.tsv"])
         self.assertEqual(written["missing"], ["MNLI-m.tsv"])
 
     def test_an_empty_test_split(self):
         tests = {"test": datasets.Dataset.from_dict({"idx": [], "index": []})}
-        written = submission.write_submission(get_entry("glue", "sst2"), tests, {"test": []}, [1], self.dir,
-                                              lambda line: None, lambda line: None)
+        written = write_one_task(get_entry("glue", "sst2"), tests, {"test": []}, [1], self.dir,
+                                 lambda line: None, lambda line: None)
         self.assertEqual(written["files"]["SST-2.tsv"], {"rows": 0, "no_label": 0, "no_label_share": 0.0,
                                                          "written_as": "1"})
         self.assertEqual(_read_lines(os.path.join(self.dir, "submission", "SST-2.tsv")), ["index\tprediction"])
