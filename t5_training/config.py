@@ -228,12 +228,15 @@ RESOLVED = "resolved_"
 
 
 def config_to_dict(config) -> dict:
-    """The config as plain values, as the run used them: what `config_for_trackers` sends to W&B and tensorboard.
+    """The config as plain values, as the run used them.
 
     A flag whose config has a `resolved_<flag>` property is recorded as that value, under the
     flag's own name: an unset --learning_rate or --lr_scheduler_type as the optimizer's default,
     pre_train_t5.py's unset --objective as the one it trains. So a record reads the same whether
     a value was typed or left to the default, and never holds None for a value the run had.
+    Where a config is written: the trackers' config (W&B's `wandb.config`, tensorboard's hparams),
+    through `config_for_trackers` from runtime.init_trackers. Results files and checkpoints hold
+    no config; a checkpoint's scheduler state holds the learning rate the optimizer was built with.
     """
     return {name: getattr(config, RESOLVED + name, value) for name, value in dataclasses.asdict(config).items()}
 
