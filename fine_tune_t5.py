@@ -82,8 +82,7 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
                                          "written as a fallback, warned about on stderr; files not written)."})
 
     def __post_init__(self):
-        # This order picks the one error a config with several bad flags gets: the adapter flags, the training
-        # loop's, then this script's own. ModelConfig has no checks; the mixture's need the registry (last).
+        # The order picks the error several bad flags get: adapter, training, this script's, the mixture's (registry).
         self.check_adapter_flags()
         self.check_training_flags()
         if self.max_source_length < 2 or self.max_target_length < 2:
