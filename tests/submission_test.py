@@ -39,7 +39,7 @@ def _read_lines(path: str) -> list[str]:
 
 
 def write_one_task(entry, tests, predictions, train_labels, output_dir, log, warn) -> dict:
-    """One task's files, the zip and predict_results.json, written as fine_tune_t5.predict writes them."""
+    """One task's files, the zip and predict_results.json, as inference.predict (--do_predict) writes them."""
     part = submission.write_task_files(entry, tests, predictions, train_labels, output_dir, log, warn)
     return submission.finish(output_dir, [part], log, warn)
 
