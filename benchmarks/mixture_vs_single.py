@@ -80,7 +80,7 @@ def prepare(work: str, quick: bool) -> tuple[str, str]:
 
 def fine_tune(args, out: str, tokenizer_dir: str, model_dir: str, *flags: str) -> dict:
     """One fine_tune_t5.py run (or the finished one read back, if it had these flags): its eval results."""
-    import demo
+    from t5_training import experiments
 
     argv = ["--benchmark", "glue", "--model_name_or_path", model_dir, "--tokenizer_name", tokenizer_dir,
             "--per_device_train_batch_size", str(args.batch_size), "--per_device_eval_batch_size", "128",
@@ -90,7 +90,7 @@ def fine_tune(args, out: str, tokenizer_dir: str, model_dir: str, *flags: str) -
     if args.quick:
         argv += ["--max_train_samples", "200", "--max_eval_samples", "64"]
     print(f"$ fine_tune_t5.py {' '.join(argv)} --output_dir {out}", flush=True)
-    return demo.fine_tune_once(out, argv)["eval"]
+    return experiments.fine_tune_once(out, argv)["eval"]
 
 
 def main(argv=None) -> dict:

@@ -117,25 +117,25 @@ def _rss_mib() -> float:
 
 def prepare(args) -> tuple[str, str, dict]:
     """The pretrained model and its tokenizer, the labelled rows per seed and the dev rows."""
-    import demo
     from pretraining_transfer import TASKS, pretrain_once
-    from t5_training import data
+    from t5_training import data, experiments
     from t5_training.tasks import get_entry
 
     task = TASKS[args.task]
     entry = get_entry(*task["entry"])
     splits = data.load_splits(entry, data_dir=task["data_dir"])
     study = args.study_dir
-    corpus = demo.write_corpus(os.path.join(study, "corpus"), splits, task["column"])
+    corpus = experiments.write_corpus(os.path.join(study, "corpus"), splits, task["column"])
     if args.pretrained:
         model = tokenizer = args.pretrained
     else:
-        tokenizer = demo.make_tokenizer(os.path.join(study, "tokenizer"), splits["train"][task["column"]],
-                                        entry.label_words, task["vocab_size"])
+        tokenizer = experiments.make_tokenizer(os.path.join(study, "tokenizer"), splits["train"][task["column"]],
+                                               entry.label_words, task["vocab_size"])
         folder = os.path.join(study, f"pretrain-t5_adafactor-{args.pretrain_steps}")
         model = os.path.join(pretrain_once(folder, tokenizer, corpus, args.pretrain_steps, [])["dir"], "final")
-    rows = {seed: demo.write_labelled_rows(splits["train"], args.labelled, seed,
-                                           os.path.join(args.output_dir, "labelled", f"{args.labelled}-seed{seed}.jsonl"))
+    rows = {seed: experiments.write_labelled_rows(
+                splits["train"], args.labelled, seed,
+                os.path.join(args.output_dir, "labelled", f"{args.labelled}-seed{seed}.jsonl"))
             for seed in args.seeds}
     return model, tokenizer, {"rows": rows, "dev": corpus["validation_rows"]}
 
@@ -186,12 +186,12 @@ def _cached(path: str, job: dict, run) -> dict:
     A finished run with other flags is refused in one line, as the transfer benchmark does,
     rather than silently trained again over the old one.
     """
-    import demo
+    from t5_training import experiments
 
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        demo.refuse_other_flags(os.path.dirname(path), saved.get("flags"), job["flags"])
+        experiments.refuse_other_flags(os.path.dirname(path), saved.get("flags"), job["flags"])
         return saved["result"]
     result = run()
     with open(path, "w", encoding="utf-8") as f:

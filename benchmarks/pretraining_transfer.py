@@ -34,12 +34,11 @@ import time
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import DATA, REPO, TINY_CONFIG as TINY  # noqa: E402
 
-import demo  # noqa: E402  (the repository root must be on the path first)
-from t5_training import data, reporting, run_dir  # noqa: E402
+from t5_training import data, experiments, reporting, run_dir  # noqa: E402
 from t5_training.tasks import get_entry  # noqa: E402
 
 
-# Pretraining flags on top of demo.pretrain's (T5's recipe: Adafactor at 1e-2, no dropout).
+# Pretraining flags on top of experiments.pretrain's (T5's recipe: Adafactor at 1e-2, no dropout).
 RECIPES = {
     "t5_adafactor": [],
     # nanoT5's recipe scaled down: AdamW with RMS-scaled steps, cosine decay.
@@ -94,9 +93,9 @@ def main(argv=None) -> dict:
     if too_many:
         raise SystemExit(f"--labelled {too_many[0]} is more than the {len(splits['train'])} training rows; ask for fewer")
     out = args.output_dir
-    tokenizer = demo.make_tokenizer(os.path.join(out, "tokenizer"), splits["train"][task["column"]], entry.label_words,
-                                    task["vocab_size"])
-    corpus = demo.write_corpus(os.path.join(out, "corpus"), splits, task["column"])
+    tokenizer = experiments.make_tokenizer(os.path.join(out, "tokenizer"), splits["train"][task["column"]],
+                                           entry.label_words, task["vocab_size"])
+    corpus = experiments.write_corpus(os.path.join(out, "corpus"), splits, task["column"])
 
     results = {"settings": vars(args), "recipes": {}}
     for recipe in args.recipes:
@@ -106,8 +105,8 @@ def main(argv=None) -> dict:
         for n in args.labelled:
             flags_by_seed = {seed: [
                 "--benchmark", task["entry"][0], "--dataset_name", task["entry"][1], "--tokenizer_name", tokenizer,
-                "--train_file", demo.write_labelled_rows(splits["train"], n, seed,
-                                                         os.path.join(out, "labelled", f"{n}-seed{seed}.jsonl")),
+                "--train_file", experiments.write_labelled_rows(splits["train"], n, seed,
+                                                                os.path.join(out, "labelled", f"{n}-seed{seed}.jsonl")),
                 "--validation_file", corpus["validation_rows"],
                 "--max_source_length", str(task["source_length"]), "--max_target_length", "8",
                 "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64",
@@ -115,9 +114,10 @@ def main(argv=None) -> dict:
                 "--warmup_steps", str(args.fine_tune_steps // 10), "--logging_steps", "50",
                 "--dropout_rate", "0.1", "--save_total_limit", "1",
                 "--max_eval_samples", str(args.max_eval_samples)] for seed in args.seeds}
-            runs = demo.fine_tune_pairs(flags_by_seed, os.path.join(pretrained["dir"], "final"), TINY,
-                                        os.path.join(out, f"fine_tune-{recipe}-{args.pretrain_steps}", f"labelled{n}"),
-                                        reuse=True, processes=args.processes)
+            runs = experiments.fine_tune_pairs(flags_by_seed, os.path.join(pretrained["dir"], "final"), TINY,
+                                               os.path.join(out, f"fine_tune-{recipe}-{args.pretrain_steps}",
+                                                            f"labelled{n}"),
+                                               reuse=True, processes=args.processes)
             rows.append(row_of(n, runs, metric))
         results["recipes"][recipe] = {"pretraining": {"eval": pretrained["eval"], "train": pretrained["train"]},
                                       "rows": rows}
@@ -131,20 +131,20 @@ def main(argv=None) -> dict:
 
 
 def pretrain_once(folder: str, tokenizer: str, corpus: dict, steps: int, flags: list[str]) -> dict:
-    """demo.pretrain, unless a finished run of the same recipe and steps is already there."""
+    """experiments.pretrain, unless a finished run of the same recipe and steps is already there."""
     done = run_dir.read_results(folder)
-    return {**done, "dir": folder} if done else demo.pretrain(folder, tokenizer, corpus, steps, *flags)
+    return {**done, "dir": folder} if done else experiments.pretrain(folder, tokenizer, corpus, steps, *flags)
 
 
 def row_of(labelled: int, runs: dict, metric: str) -> dict:
     """One label count's figures: both models per seed, their means, held-out losses, the paired difference."""
-    summary = demo.summarize(runs, metric)
+    summary = experiments.summarize(runs, metric)
     by_model = {row["model"]: row for row in summary["table"]}
     seeds = list(runs)
     difference = summary["difference"]
     return {"labelled": labelled, "seeds": seeds,
-            **{f"{init} {metric}": [runs[s][init]["eval"][metric] for s in seeds] for init in demo.INITS},
-            **{f"{init} loss": [runs[s][init]["eval"]["loss"] for s in seeds] for init in demo.INITS},
+            **{f"{init} {metric}": [runs[s][init]["eval"][metric] for s in seeds] for init in experiments.INITS},
+            **{f"{init} loss": [runs[s][init]["eval"]["loss"] for s in seeds] for init in experiments.INITS},
             "pretrained mean": by_model["pretrained"]["mean"], "random init mean": by_model["random init"]["mean"],
             "difference": difference}
 
@@ -165,7 +165,7 @@ def print_recipe(args, recipe: str, pretrained: dict, rows: list[dict], metric: 
             "95% interval": f"{d['low']:+.2f} to {d['high']:+.2f}" if d["pairs"] > 1 else "-",
             "wins": f"{d['wins']}/{d['pairs']}",
             "loss pretrained / random": " / ".join(f"{statistics.mean(row[f'{init} loss']):.3f}"
-                                                   for init in demo.INITS),
+                                                   for init in experiments.INITS),
             "per seed (pretrained | random)": " ".join(f"{v:.1f}" for v in row[f"pretrained {metric}"]) + " | "
                                               + " ".join(f"{v:.1f}" for v in row[f"random init {metric}"]),
         })
