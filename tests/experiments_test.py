@@ -81,7 +81,8 @@ class FilesTest(fixtures.TempDirTestCase):
             train.assert_called_once()
 
 
-class ReuseTest(fixtures.TempDirTestCase):
+class _FakeFineTuneCase(fixtures.TempDirTestCase):
+    """fine_tune_t5.main replaced by a FakeFineTune (`self.fake`) while each test runs."""
 
     def setUp(self):
         super().setUp()
@@ -89,6 +90,12 @@ class ReuseTest(fixtures.TempDirTestCase):
         patcher = mock.patch.object(top_level.load("fine_tune_t5"), "main", self.fake)
         patcher.start()
         self.addCleanup(patcher.stop)
+
+
+class ReuseTest(_FakeFineTuneCase):
+
+    def setUp(self):
+        super().setUp()
         self.run_dir = os.path.join(self.dir, "run")
         self.argv = ["--learning_rate", "1e-3", "--seed", "4", "--group_by_length"]
 
@@ -114,7 +121,8 @@ class ReuseTest(fixtures.TempDirTestCase):
         other = ["--learning_rate", "3e-4", "--seed", "4", "--max_steps", "9"]
         with self.assertRaisesRegex(UsageError, r"run holds a finished run trained with other flags \("
                                                 r"--group_by_length  -> \(unset\); --learning_rate 1e-3 -> 3e-4; "
-                                                r"--max_steps \(unset\) -> 9\); pass another --output_dir or delete it"):
+                                                r"--max_steps \(unset\) -> 9\); "
+                                                "pass another --output_dir or delete it"):
             experiments.fine_tune_once(self.run_dir, other)
         self.assertLen(self.fake.calls, 1)
 
@@ -127,14 +135,7 @@ class ReuseTest(fixtures.TempDirTestCase):
         experiments.refuse_other_flags(self.run_dir, list(self.argv), list(self.argv))
 
 
-class PairsTest(fixtures.TempDirTestCase):
-
-    def setUp(self):
-        super().setUp()
-        self.fake = FakeFineTune()
-        patcher = mock.patch.object(top_level.load("fine_tune_t5"), "main", self.fake)
-        patcher.start()
-        self.addCleanup(patcher.stop)
+class PairsTest(_FakeFineTuneCase):
 
     def pairs(self, seeds, reuse=True):
         return experiments.fine_tune_pairs({seed: ["--max_steps", "2"] for seed in seeds}, "PRETRAINED", "t5-tiny",
@@ -146,7 +147,8 @@ class PairsTest(fixtures.TempDirTestCase):
         for seed in (3, 5):
             self.assertEqual(list(runs[seed]), list(experiments.INITS))
             self.assertEqual(runs[seed]["pretrained"]["dir"], os.path.join(self.dir, "pairs", f"pretrained-seed{seed}"))
-            self.assertEqual(runs[seed]["random init"]["dir"], os.path.join(self.dir, "pairs", f"random_init-seed{seed}"))
+            self.assertEqual(runs[seed]["random init"]["dir"],
+                             os.path.join(self.dir, "pairs", f"random_init-seed{seed}"))
             self.assertEqual(runs[seed]["pretrained"]["eval"]["accuracy"], seed + 10)
         self.assertEqual(self.fake.calls[0], ["--max_steps", "2", "--model_name_or_path", "PRETRAINED", "--seed", "3",
                                               "--output_dir", os.path.join(self.dir, "pairs", "pretrained-seed3"),
