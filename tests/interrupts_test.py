@@ -10,9 +10,9 @@ import time
 
 from absl.testing import absltest, parameterized
 
-from t5_training import checkpoint, interrupts
+from t5_training import checkpoint, interrupts, kill_runs
 from t5_training.errors import EXIT_PREEMPTED
-from tests import fixtures, kill_harness
+from tests import fixtures
 
 
 class PreemptionHandlerTest(parameterized.TestCase):
@@ -47,7 +47,7 @@ class PreemptedRunTest(fixtures.TempDirTestCase):
                                             "--logging_steps", "1", "--max_eval_samples", "8")]
         log_path = os.path.join(self.dir, "stderr.txt")
         with open(log_path, "w") as log:
-            process = subprocess.Popen(command, cwd=fixtures.REPO, env=kill_harness.run_env(None),
+            process = subprocess.Popen(command, cwd=fixtures.REPO, env=kill_runs.run_env(None),
                                        stdout=subprocess.PIPE, stderr=log, text=True)
             self._wait_until_training(process, log_path)
             process.send_signal(getattr(signal, name))
@@ -67,7 +67,7 @@ class PreemptedRunTest(fixtures.TempDirTestCase):
         self.assertFalse(os.path.exists(os.path.join(out, "final")))
 
         resumed = subprocess.run(command + ["--resume_from_checkpoint", "auto"], cwd=fixtures.REPO,
-                                 env=kill_harness.run_env(None), capture_output=True, text=True, timeout=300)
+                                 env=kill_runs.run_env(None), capture_output=True, text=True, timeout=300)
         self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
         self.assertIn(f"resumed from {saved} at step {step}", resumed.stdout)
         self.assertTrue(os.path.isdir(os.path.join(out, "final")))

@@ -133,6 +133,25 @@ class LayoutTest(absltest.TestCase):
             with open(os.path.join(fixtures.REPO, name), encoding="utf-8") as f:
                 self.assertLessEqual(f.read().count("\n"), 160, name)
 
+    def test_benchmarks_import_neither_the_demo_nor_the_tests(self):
+        # What benchmarks share with the demo lives in the package (t5_training.experiments, kill_runs):
+        # the demo is README's first command, and the tests are not shipped.
+        found = []
+        for path in _sources("benchmarks/*.py"):
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [name.name for name in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                found += [f"{os.path.relpath(path, fixtures.REPO)}:{node.lineno} {name}" for name in names
+                          if name.split(".")[0] in ("demo", "tests")]
+        self.assertNotEmpty(_sources("benchmarks/*.py"))
+        self.assertEqual(found, [])
+
 
 if __name__ == "__main__":
     absltest.main()
