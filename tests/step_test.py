@@ -253,7 +253,7 @@ class GuardNonfiniteTest(parameterized.TestCase):
     def _guard(self, applied_steps, limit=3, mixed_precision="no", learning_rate=1e-3):
         printed = []
         accelerator = types.SimpleNamespace(print=printed.append, mixed_precision=mixed_precision)
-        config = types.SimpleNamespace(max_nonfinite_steps=limit, learning_rate=learning_rate)
+        config = types.SimpleNamespace(max_nonfinite_steps=limit, resolved_learning_rate=learning_rate)
         state = types.SimpleNamespace(nonfinite_in_a_row=0)
         for n, applied in enumerate(applied_steps, start=1):
             step.guard_nonfinite(accelerator, config, state, n, applied)
