@@ -11,7 +11,8 @@ A command is the project's when it runs one of its scripts (`python X.py`, throu
 launch`, `srun`, `torchrun` or `env VAR=...` too), a `t5-*` console command, `python -m t5_training...`,
 or `sbatch slurm/{single,multi}_node.sbatch`, which hand what follows them to $SCRIPT
 (fine_tune_t5.py unless the command sets SCRIPT=). Launchers' own flags (before the script) are
-not checked; a `--` ends the flags, as in argparse.
+not checked; a `--` ends the flags, as in argparse, except that the flags after a sweep runner's
+`--` go to every trial, and are checked against the sweep YAML's `program`.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import shlex
 import sys
 from unittest import mock
 
+import yaml
 from transformers import HfArgumentParser
 
 from tests import fixtures
@@ -41,6 +43,7 @@ LAUNCHERS = ("python", "python3", "accelerate", "srun", "torchrun", "env", "time
 FORWARDING_SBATCH = ("slurm/single_node.sbatch", "slurm/multi_node.sbatch")
 # Words that start a command inside a loop or a condition: `for t in a b; do python demo.py; done`.
 SHELL_KEYWORDS = ("do", "then", "else", "!")
+SWEEP_RUNNERS = ("module:t5_training.sweep", "module:t5_training.tools.sweep.cli")
 SEPARATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;", "|&"}
 
 
@@ -146,7 +149,22 @@ def commands_in(text: str, path: str) -> list[Command]:
             target = target_of(words)
             if target is not None:
                 found.append(Command(where, " ".join(words), target[0], flags_of(target[1])))
+                trials = trial_target(*target)
+                if trials is not None:
+                    found.append(Command(where, " ".join(words), trials[0], flags_of(trials[1])))
     return found
+
+
+def trial_target(target: str, words: list[str]) -> tuple[str, list[str]] | None:
+    """A sweep runner's `-- FLAGS` go to every trial: (the sweep YAML's program, those flags), if the YAML exists."""
+    if target not in SWEEP_RUNNERS or "--" not in words:
+        return None
+    sweep_file = os.path.join(fixtures.REPO, next((w for w in words if w.endswith((".yaml", ".yml"))), ""))
+    if not os.path.isfile(sweep_file):
+        return None
+    with open(sweep_file, encoding="utf-8") as f:
+        program = yaml.safe_load(f).get("program")
+    return (f"script:{program}", words[words.index("--") + 1:]) if program else None
 
 
 class _Parsed(Exception):

@@ -78,15 +78,17 @@ class DocsFlagsTest(absltest.TestCase):
             "srun --nodes=2 python fine_tune_t5.py --config run.yaml && python -m t5_training.memory --bad_three",
             "python -m t5_training.commands demo --bad_four; SCRIPT=pre_train_t5.py sbatch --nodes=4 "
             "slurm/multi_node.sbatch --objective ul2 --bad_five",
-            "python benchmarks/peft.py --bad_six | tee log", "python -m t5_training.sweep s.yaml --bad_seven -- --x",
+            "python benchmarks/peft.py --bad_six | tee log",
+            "python -m t5_training.sweep sweeps/glue_sst2.yaml --bad_seven -- --data_dir d --bad_eight",
             "pip install --upgrade t5 && git log --oneline", "```", "```python", "main(['--bad_python'])", "```"])
         commands = doc_commands.commands_in(readme, "README.md")
         self.assertEqual([c.target for c in commands], [
             "script:pre_train_t5.py", "script:fine_tune_t5.py", "script:fine_tune_t5.py", "module:t5_training.memory",
-            "script:demo.py", "script:pre_train_t5.py", "script:benchmarks/peft.py", "module:t5_training.sweep"])
+            "script:demo.py", "script:pre_train_t5.py", "script:benchmarks/peft.py", "module:t5_training.sweep",
+            "script:fine_tune_t5.py"])
         self.assertEqual([re.search(r"unknown flag (\S+)", problem).group(1) for problem in unknown_flags(commands)],
                          ["--bad_one", "--bad_two", "--bad_three", "--bad_four", "--bad_five", "--bad_six",
-                          "--bad_seven"])
+                          "--bad_seven", "--bad_eight"])
 
     def test_a_script_the_docs_name_must_exist(self):
         problems = unknown_flags(doc_commands.commands_in("```bash\npython fine_tune.py --seed 1\n```\n", "x.md"))
