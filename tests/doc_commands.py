@@ -31,12 +31,14 @@ from unittest import mock
 import yaml
 from transformers import HfArgumentParser
 
+from t5_training.commands import COMMANDS
 from tests import fixtures
 
 SHELL_LANGUAGES = ("bash", "sh", "shell", "zsh", "console", "")
 FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
 INLINE_CODE = re.compile(r"`([^`]+)`")
-CONSOLE_COMMANDS = {"t5-pretrain": "pre_train_t5", "t5-fine-tune": "fine_tune_t5", "t5-demo": "demo"}
+# pyproject.toml's console commands: t5-pretrain, t5-fine-tune, t5-demo (commands.py's docstring).
+CONSOLE_COMMANDS = {f"t5-{name}": script for name, script in COMMANDS.items()}
 # Programs that run the command named further on in their arguments.
 LAUNCHERS = ("python", "python3", "accelerate", "srun", "torchrun", "env", "time", "nohup", "exec")
 # sbatch scripts that pass the words after their name to the training script $SCRIPT.
@@ -127,7 +129,6 @@ def target_of(words: list[str]) -> tuple[str, list[str]] | None:
         if word == "-m" and i + 1 < len(words):
             module = words[i + 1]
             if module == "t5_training.commands" and i + 2 < len(words):
-                from t5_training.commands import COMMANDS
                 return f"script:{COMMANDS.get(words[i + 2], words[i + 2])}.py", words[i + 3:]
             return (f"module:{module}", words[i + 2:]) if module.startswith("t5_training") else None
         if word.endswith(".py") and not word.startswith("-"):

@@ -32,7 +32,7 @@ def unknown_flags(commands: list[doc_commands.Command]) -> list[str]:
     for command in commands:
         try:
             known = doc_commands.options_of(command.target)
-        except FileNotFoundError as err:
+        except (FileNotFoundError, ModuleNotFoundError) as err:  # a script or module the docs name is gone
             problems.append(f"{command.where}: {err}\n    {command.text}")
             continue
         for flag in command.flags:
