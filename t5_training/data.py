@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from t5_training.entries import PackageCorpus, TaskEntry
+from t5_training import device
 from t5_training.device import runs_on_cuda
 from t5_training.errors import UsageError
 from t5_training.resume import batch_layout, global_batch
@@ -311,7 +312,7 @@ def train_loader(train: datasets.Dataset, sampler, config, tokenizer, decoder_st
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     return torch.utils.data.DataLoader(
         train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=collate,
-        **loader_workers(config),
+        **device.loader_workers(config),
         # Its own generator: creating an iterator then draws from it, not from the global RNG.
         generator=torch.Generator().manual_seed(config.seed),
     )
@@ -321,7 +322,7 @@ def ordered_loaders(splits: dict, config, tokenizer, decoder_start_token_id: int
     """One loader per split (eval or test), in the split's order, of --per_device_eval_batch_size rows."""
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     return {split: torch.utils.data.DataLoader(model_columns(ds), batch_size=config.per_device_eval_batch_size,
-                                               collate_fn=collate, **loader_workers(config))
+                                               collate_fn=collate, **device.loader_workers(config))
             for split, ds in splits.items()}
 
 
@@ -331,16 +332,3 @@ def make_longest_batch(train: datasets.Dataset, tokenizer, decoder_start_token_i
     target = max(train["labels"], key=len)
     collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
     return lambda n: collate([{"input_ids": source, "labels": target}] * n)
-
-
-def loader_workers(config, persistent: bool = True) -> dict:
-    """DataLoader arguments for `--dataloader_num_workers`, with pinned memory when batches go to a GPU.
-
-    Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; in a CPU run
-    (on any host) it would only cost time. Workers stay alive across epochs (`persistent`), since
-    starting them again each epoch costs a fork and a re-import per worker; a stream that is
-    told its epoch through its dataset needs fresh workers, which copy the dataset anew.
-    """
-    workers = config.dataloader_num_workers
-    return {"num_workers": workers, "pin_memory": runs_on_cuda(),
-            "persistent_workers": persistent and workers > 0}

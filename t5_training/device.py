@@ -36,3 +36,16 @@ def settle_cpu_run(deepspeed: bool) -> None:
         os.environ["ACCELERATE_USE_CPU"] = "false"
         if torch.cuda.is_available():
             os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
+
+
+def loader_workers(config, persistent: bool = True) -> dict:
+    """DataLoader arguments for `--dataloader_num_workers`, with pinned memory when batches go to a GPU.
+
+    Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; in a CPU run
+    (on any host) it would only cost time. Workers stay alive across epochs (`persistent`), since
+    starting them again each epoch costs a fork and a re-import per worker; a stream that is
+    told its epoch through its dataset needs fresh workers, which copy the dataset anew.
+    """
+    workers = config.dataloader_num_workers
+    return {"num_workers": workers, "pin_memory": runs_on_cuda(),
+            "persistent_workers": persistent and workers > 0}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from t5_training import corpus, data, denoisers
+from t5_training import corpus, denoisers, device
 from t5_training.collators import DataCollatorForPrefixLM, DataCollatorForT5MLM
 from t5_training.errors import UsageError
 from t5_training.modeling import has_sentinels
@@ -144,8 +144,8 @@ def build_loaders(config, train_data, eval_data, collator):
                  "generator": torch.Generator().manual_seed(config.seed)}
         train_data = corpus.EpochChunks(train_data)
     train = loader_class(train_data, batch_size=config.per_device_train_batch_size, collate_fn=collator,
-                         **data.loader_workers(config, not config.streaming), **order)
+                         **device.loader_workers(config, not config.streaming), **order)
     # Workers and pinning as for training: each evaluation reads the whole held-out set.
     evaluation_loader = torch.utils.data.DataLoader(eval_data, batch_size=config.per_device_eval_batch_size,
-                                                    collate_fn=collator, **data.loader_workers(config))
+                                                    collate_fn=collator, **device.loader_workers(config))
     return train, evaluation_loader

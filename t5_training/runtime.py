@@ -65,7 +65,7 @@ def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> 
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False, adjust_scheduler=False
         ),
-        # Batches come from pinned memory where they go to a GPU (data.loader_workers): their copy
+        # Batches come from pinned memory where they go to a GPU (device.loader_workers): their copy
         # then need not wait for the GPU to finish the step before it.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, non_blocking=not on_cpu),
         log_with=None if config.report_to == "none" else config.report_to,

@@ -13,7 +13,7 @@ import torch
 
 from tests import fixtures
 from tests.simulated_gpu import gpu_host
-from t5_training import data, modeling, tasks
+from t5_training import data, device, modeling, tasks
 from t5_training.config import TrainingConfig
 from t5_training.tools import tokenizer as tokenizer_lib
 from t5_training.errors import UsageError
@@ -457,7 +457,7 @@ class CollatorTest(parameterized.TestCase):
         # gains nothing from either.
         with gpu_host(**env):
             self.assertEqual(data.pad_multiple(), multiple)
-            self.assertEqual(data.loader_workers(TrainingConfig(output_dir="unused"))["pin_memory"], pinned)
+            self.assertEqual(device.loader_workers(TrainingConfig(output_dir="unused"))["pin_memory"], pinned)
 
     def test_decoder_inputs_are_shifted_labels(self):
         labels = torch.tensor([[11, 12, 13, 1], [21, 1, -100, -100]])
