@@ -20,7 +20,7 @@ def evaluate_only(accelerator, config, tasks, model, tokenizer, start_id, decodi
 def predict(accelerator, config, tasks, model, tokenizer, start_id, decodings) -> dict:
     """--do_predict: every task's test rows decoded as its eval rows are, written as the leaderboard's files;
     what was written, and what fell back or is missing, also goes to predict_results.json."""
-    parts, written = [], {}
+    parts, written, warn = [], {}, runtime.warn(accelerator)
     for name, entry in tasks.entries.items():
         tests, task = tasks.tests[name], tasks.data[name]
         loaders = runtime.prepare_loaders(accelerator, data.ordered_loaders(tests, config, tokenizer, start_id))
@@ -29,8 +29,8 @@ def predict(accelerator, config, tasks, model, tokenizer, start_id, decodings) -
             config.max_target_length, task.max_target_tokens, file_prefix=f"{name}_" if tasks.mixed else "")(model)
         if accelerator.is_main_process:
             parts.append(submission.write_task_files(entry, tests, predictions, task.train_labels,
-                                                     config.output_dir, accelerator.print, runtime.warn(accelerator)))
+                                                     config.output_dir, accelerator.print, warn))
     if accelerator.is_main_process:
-        written = submission.finish(config.output_dir, parts, accelerator.print, runtime.warn(accelerator))
+        written = submission.finish(config.output_dir, parts, accelerator.print, warn)
     accelerator.wait_for_everyone()
     return written
