@@ -16,8 +16,11 @@ from absl.testing import absltest
 
 from tests import doc_commands, fixtures
 
-# Fewer would mean the extraction stopped seeing the README's commands, not that the README lost them.
-MIN_README_COMMANDS = 20
+# Fewer would mean the extraction stopped seeing the docs' commands, not that the docs lost them:
+# README's quick start, fine-tuning, pretraining and tools blocks, and the pages' blocks.
+MIN_README_COMMANDS = 12
+MIN_README_FLAGS = 40
+MIN_DOCS_COMMANDS = 60
 
 
 def doc_files() -> list[str]:
@@ -55,10 +58,18 @@ class DocsFlagsTest(absltest.TestCase):
         problems = unknown_flags(commands)
         self.assertEqual(problems, [], "flags in the docs that their command does not take:\n" + "\n".join(problems))
 
+    def test_the_pages_show_enough_commands_to_check(self):
+        commands = [command for path in doc_files()[1:] for command in read_commands(path)]
+        self.assertGreaterEqual(len(commands), MIN_DOCS_COMMANDS)
+        targets = {command.target for command in commands}
+        for target in ("script:fine_tune_t5.py", "script:pre_train_t5.py", "module:t5_training.memory",
+                       "module:t5_training.sweep", "script:demo.py"):
+            self.assertIn(target, targets)
+
     def test_the_readme_shows_enough_commands_to_check(self):
         commands = read_commands("README.md")
         self.assertGreaterEqual(len(commands), MIN_README_COMMANDS)
-        self.assertGreaterEqual(sum(len(command.flags) for command in commands), 5 * MIN_README_COMMANDS)
+        self.assertGreaterEqual(sum(len(command.flags) for command in commands), MIN_README_FLAGS)
         targets = {command.target for command in commands}
         for target in ("script:fine_tune_t5.py", "script:pre_train_t5.py", "module:t5_training.tokenizer"):
             self.assertIn(target, targets)
@@ -94,6 +105,43 @@ class DocsFlagsTest(absltest.TestCase):
         problems = unknown_flags(doc_commands.commands_in("```bash\npython fine_tune.py --seed 1\n```\n", "x.md"))
         self.assertEqual(problems, ["x.md:2: no such script in the repository: fine_tune.py\n"
                                     "    python fine_tune.py --seed 1"])
+
+
+class StatedFiguresTest(absltest.TestCase):
+    """Figures the docs state about the code are the code's: stated once, and checked here."""
+
+    # README's quick start: "configs/t5-tiny.json), 1.43M parameters with the demo's 4,000-piece vocabulary".
+    TINY = re.compile(r"configs/t5-tiny\.json\)?,\s+([\d.]+)M parameters with the demo's ([\d,]+)-piece vocabulary")
+    # A parameter count such as "1.4M parameters" or "a 2M-parameter model".
+    ANY_COUNT = re.compile(r"\d[\d.,]*\s?[MBK][- ]param", re.I)
+
+    def test_the_demo_model_size_is_the_configs(self):
+        import json
+
+        import torch
+        import transformers
+
+        import demo
+
+        match = self.TINY.search(_read("README.md"))
+        self.assertIsNotNone(match, "README no longer states t5-tiny's size where this test looks for it")
+        vocab = int(match.group(2).replace(",", ""))
+        self.assertEqual(vocab, demo.DemoConfig.vocab_size)
+        with open(fixtures.TINY_CONFIG, encoding="utf-8") as f:
+            config = transformers.T5Config(**{**json.load(f), "vocab_size": vocab})
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            parameters = transformers.T5ForConditionalGeneration(config).num_parameters()
+        self.assertEqual(match.group(1), f"{parameters / 1e6:.2f}")
+
+    def test_no_page_states_another_parameter_count(self):
+        # One count, the one checked above: the rest link to the config instead of restating it.
+        found = [f"{path}: {m.group(0)}" for path in doc_files() for m in self.ANY_COUNT.finditer(_read(path))]
+        self.assertEqual(found, ["README.md: 1.43M param"])
+
+
+def _read(path: str) -> str:
+    with open(os.path.join(fixtures.REPO, path), encoding="utf-8") as f:
+        return f.read()
 
 
 if __name__ == "__main__":

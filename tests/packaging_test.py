@@ -30,6 +30,8 @@ class PackagingTest(absltest.TestCase):
         conda = yaml.safe_load(_read("conda_environment_slurm.yml"))
         pip_section = next(d["pip"] for d in conda["dependencies"] if isinstance(d, dict))
         self.assertIn(pins[0], pip_section)
+        # DeepSpeed's version comes from pyproject's extras only, not a second, older pin.
+        self.assertFalse([line for line in pip_section if line.startswith("deepspeed")], pip_section)
         self.assertIn(f"pip install --quiet {pins[0]}", _read(".ci/run"))
 
     def test_ci_runs_the_test_command_readme_gives(self):
@@ -52,6 +54,8 @@ class PackagingTest(absltest.TestCase):
         first = re.search(r"```bash\n(.*?)```", _read("README.md"), re.S).group(1).splitlines()[0]
         pin = re.search(r"pip install --no-deps (sweeps==[\d.]+)", first).group(1)
         self.assertIn(f"pip install --quiet --no-deps {pin}", _read(".ci/run"))
+        # The cluster's environment: its file's instructions install the same pin the same way.
+        self.assertIn(f"#   pip install --no-deps {pin}\n", _read("conda_environment_slurm.yml"))
         deps = tomllib.loads(_read("pyproject.toml"))["project"]["dependencies"]
         self.assertContainsSubset({"jsonschema", "jsonref"}, {re.split(r"[<>=]", d)[0] for d in deps})
 
