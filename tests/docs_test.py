@@ -107,6 +107,53 @@ class DocsFlagsTest(absltest.TestCase):
                                     "    python fine_tune.py --seed 1"])
 
 
+# [text](target): a relative target is a file of the repository, with an optional #anchor.
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    found = set()
+    in_fence = False
+    for line in markdown.splitlines():
+        if doc_commands.FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def broken_links(path: str, markdown: str) -> list[str]:
+    """One line per relative link in `markdown` (the file at `path`) whose file or anchor does not exist."""
+    problems = []
+    for number, line in enumerate(markdown.splitlines(), 1):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:: not the repository's
+                continue
+            file, _, anchor = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            full = os.path.join(fixtures.REPO, resolved)
+            if not os.path.exists(full):
+                problems.append(f"{path}:{number}: {target}: no such file {resolved}")
+            elif anchor and resolved.endswith(".md") and anchor not in anchors(_read(resolved)):
+                problems.append(f"{path}:{number}: {target}: {resolved} has no heading #{anchor}")
+    return problems
+
+
+class DocsLinksTest(absltest.TestCase):
+
+    def test_every_relative_link_reaches_a_file_and_heading(self):
+        problems = [problem for path in doc_files() for problem in broken_links(path, _read(path))]
+        self.assertEqual(problems, [], "links in the docs that lead nowhere:\n" + "\n".join(problems))
+
+    def test_a_wrong_file_or_heading_is_reported(self):
+        page = "see [a](fine-tuning.md#no-such-heading), [b](gone.md), [c](reliability.md#exit-codes), [d](https://x.y)"
+        self.assertEqual(broken_links("docs/x.md", page), [
+            "docs/x.md:1: fine-tuning.md#no-such-heading: docs/fine-tuning.md has no heading #no-such-heading",
+            "docs/x.md:1: gone.md: no such file docs/gone.md"])
+
+
 class StatedFiguresTest(absltest.TestCase):
     """Figures the docs state about the code are the code's: stated once, and checked here."""
 
