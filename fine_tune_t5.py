@@ -32,7 +32,7 @@ import sys
 from accelerate.utils import set_seed
 
 from t5_training import (adapter_record, adapters, agreement, batch_size, data, inference, loop, mixture, multitask,
-                         no_label, run_dir, runtime)
+                         no_label, one_label, run_dir, runtime)
 from t5_training.config import parse_config
 from t5_training.errors import run_cli
 from t5_training.fine_tune_config import FineTuneConfig
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
         model, results = train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter)
     else:
         model, results = inference.evaluate_only(accelerator, config, tasks, model, tokenizer, start_id, decodings)
-    for line in no_label.dev_warnings(results["eval"]):
+    for line in no_label.dev_warnings(results["eval"]) + one_label.dev_warnings(results["eval"]):
         warn(line)
     if config.do_predict:
         results["predict"] = inference.predict(accelerator, config, tasks, model, tokenizer, start_id, decodings)
@@ -88,7 +88,8 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
     state.mixture, state.adapter = drawn, adapter
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = multitask.objective(config.benchmark, tasks)
-    evaluate_fn = multitask.make_evaluator(accelerator, config, tasks, run.eval_loaders, tokenizer, decodings)
+    evaluate_fn = one_label.watch(multitask.make_evaluator(accelerator, config, tasks, run.eval_loaders, tokenizer,
+                                                           decodings), runtime.warn(accelerator))
     state = loop.train(accelerator, config, run, state, evaluate=evaluate_fn, objective=objective,
                        export=run_dir.exporter(accelerator, tokenizer, config.output_dir))
     run_dir.export_final(accelerator, run.model, tokenizer, config.output_dir)

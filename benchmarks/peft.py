@@ -97,6 +97,7 @@ def measure(job: dict) -> dict:
     with safe_open(os.path.join(newest, "model.safetensors"), "pt") as f:
         trainable = sum(_numel(f.get_slice(name).get_shape()) for name in f.keys())
     return {"accuracy": results["eval"]["accuracy"], "loss": results["eval"]["loss"],
+            "top_label_share": results["eval"]["top_label_share"], "one_label": results["eval"]["one_label"],
             "samples_per_second": results["train"]["train_samples_per_second"], "trainable": trainable,
             "checkpoint_bytes": sum(files.values()), "peak_rss_mib": round(peak, 1),
             "rss_rise_mib": round(peak - start_rss, 1)}
@@ -160,7 +161,11 @@ def main(argv=None) -> dict:
     if args.child:
         child_main(args.child, measure)
         return {}
+    from pretraining_transfer import TASKS
+    from t5_training.tasks import get_entry
+
     model, tokenizer, data = prepare(args)
+    entry = get_entry(*TASKS[args.task]["entry"])
     runs = {}
     for seed in args.seeds:
         for method in args.methods:  # methods alternate within a seed: no method always runs on a cold machine
@@ -170,7 +175,7 @@ def main(argv=None) -> dict:
                    "flags": flags_of(args, method, model, tokenizer, data["rows"][seed], data["dev"], seed,
                                      os.path.join(folder, "run"))}
             runs[(method, seed)] = _cached(os.path.join(folder, "benchmark.json"), job,
-                                           lambda j=job, f=folder: run_child(__file__, j, f))
+                                           lambda j=job, f=folder: run_child(__file__, j, f), entry)
     table = summarize(args, runs)
     results = {"settings": {k: v for k, v in vars(args).items() if k not in ("child", "extra")}, "model": model,
                "flags": {method: METHODS[method] + args.extra[method] for method in args.methods}, "table": table}
@@ -180,7 +185,7 @@ def main(argv=None) -> dict:
     return results
 
 
-def _cached(path: str, job: dict, run) -> dict:
+def _cached(path: str, job: dict, run, entry) -> dict:
     """The run's figures, read back if this job already finished (runs are deterministic on CPU).
 
     A finished run with other flags is refused in one line, as the transfer benchmark does,
@@ -192,11 +197,23 @@ def _cached(path: str, job: dict, run) -> dict:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
         experiments.refuse_other_flags(os.path.dirname(path), saved.get("flags"), job["flags"])
-        return saved["result"]
+        return {**_one_label_of(entry, job["run_dir"]), **saved["result"]}
     result = run()
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"flags": job["flags"], "result": result}, f, indent=2)
     return result
+
+
+def _one_label_of(entry, run_dir: str) -> dict:
+    """`top_label_share` and `one_label` from a finished run's dev predictions: runs measured before
+    evaluation recorded them have the predictions file they are computed from."""
+    import csv
+
+    from t5_training import one_label
+
+    with open(os.path.join(run_dir, "predictions_validation.tsv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return one_label.counts(entry, [r["prediction"] for r in rows], [r["reference"] for r in rows])
 
 
 def summarize(args, runs: dict) -> list[dict]:
@@ -213,7 +230,9 @@ def summarize(args, runs: dict) -> list[dict]:
                "samples/s": round(statistics.median(r["samples_per_second"] for r in mine), 1),
                "dev accuracy": round(statistics.mean(r["accuracy"] for r in mine), 2),
                "per seed": " ".join(f"{r['accuracy']:.1f}" for r in mine),
-               "dev loss": round(statistics.mean(r["loss"] for r in mine), 3)}
+               "dev loss": round(statistics.mean(r["loss"] for r in mine), 3),
+               # Runs that ended answering (nearly) every dev row with one label (one_label.py).
+               "one-label runs": sum(r["one_label"] for r in mine)}
         if full:
             row["checkpoint vs full"] = f"{100 * mine[0]['checkpoint_bytes'] / full[0]['checkpoint_bytes']:.1f}%"
             d = reporting.paired_interval([r["accuracy"] for r in mine], [r["accuracy"] for r in full])

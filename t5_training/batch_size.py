@@ -8,6 +8,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, find_executable_batch_size
 
+from t5_training import device
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 from t5_training.losses import forward_loss_sum
@@ -52,9 +53,7 @@ def find_batch_size(accelerator: Accelerator, config: C, model: torch.nn.Module,
             model.zero_grad(set_to_none=True)
         return batch_size
 
-    # The device the run uses, not the host's: a CPU run on a GPU host must not touch the GPU.
-    forked = [torch.cuda.current_device()] if accelerator.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=forked):
+    with device.rng_untouched(accelerator.device):
         try:
             found = probe()
         except RuntimeError as err:

@@ -49,3 +49,14 @@ def loader_workers(config, persistent: bool = True) -> dict:
     workers = config.dataloader_num_workers
     return {"num_workers": workers, "pin_memory": runs_on_cuda(),
             "persistent_workers": persistent and workers > 0}
+
+
+def rng_untouched(device: torch.device):
+    """A context in which torch's RNG may be drawn from without changing what the run draws next.
+
+    Work beside training (probing batch sizes, evaluating, exporting) draws from the RNG that
+    dropout draws from: building a DataLoader iterator takes a seed from it, a model copy its
+    initial weights. Forked, the training run is the same whether or not that work happened.
+    The device the run uses is forked, not the host's: a CPU run on a GPU host must not touch the GPU.
+    """
+    return torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.type == "cuda" else [])

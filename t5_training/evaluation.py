@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput
 
-from t5_training import adapters, no_label
+from t5_training import adapters, no_label, one_label
 from t5_training.data import in_row_order, shift_right
 from t5_training.errors import UsageError
 from t5_training.losses import row_cross_entropy
@@ -226,7 +226,8 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
 
     Keys follow `tasks.metric_key` ("accuracy", or "validation_matched/accuracy" when a task
     has several eval splits), plus the split's teacher-forced "loss" and, for a task with labels, its
-    outputs that name no label (`no_label`, `no_label_share`: no_label.counts). Each call also rewrites
+    outputs that name no label (`no_label`, `no_label_share`: no_label.counts) and, for a classification
+    task, how much of its output is one label (`top_label_share`, `one_label`: one_label.counts). Each call also rewrites
     `output_dir/predictions_<file_prefix><split>.tsv` (a mixture's prefix is its task's name and "_").
     `rouge_use_stemmer` stems before ROUGE (T5 does not).
     """
@@ -242,7 +243,8 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
         for split, loader in eval_loaders.items():
             sources, targets = texts[split]
             out = decode_split(accelerator, model, loader, tokenizer, len(sources), decoder)
-            for name, value in {**score(out.predictions, targets), **no_label.counts(entry, out.predictions)}.items():
+            for name, value in {**score(out.predictions, targets), **no_label.counts(entry, out.predictions),
+                                **one_label.counts(entry, out.predictions, targets)}.items():
                 results[metric_key(entry, split, name)] = value
             results[metric_key(entry, split, "loss")] = out.loss
             if accelerator.is_main_process:

@@ -25,7 +25,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from t5_training import agreement, resume, run_dir
+from t5_training import agreement, device, resume, run_dir
 from t5_training.config import TrainingConfig
 from t5_training.errors import Preempted, UsageError
 from t5_training.interrupts import PreemptionHandler, kill_point
@@ -219,7 +219,10 @@ class _PendingLosses:
 def evaluate_and_track(accelerator, config, model, state: TrainState, evaluate, objective: Objective, export) -> bool:
     """Evaluates, logs, exports a new best model, and says whether early stopping triggers."""
     model.eval()
-    results = evaluate(model)
+    # Evaluating and exporting leave the training RNG where they found it, so a run trains the
+    # same whatever its --eval_steps (tests/loop_test.py::EvaluationLeavesTrainingAloneTest).
+    with device.rng_untouched(accelerator.device):
+        results = evaluate(model)
     kill_point("eval", state.step)
     model.train()
     accelerator.log({f"eval/{k}": v for k, v in results.items()}, step=state.step)
@@ -228,7 +231,8 @@ def evaluate_and_track(accelerator, config, model, state: TrainState, evaluate, 
     if objective.improved(value, state.best_metric):
         state.best_metric, state.best_step = value, state.step
         state.evals_without_improvement = 0
-        export(model, "best")
+        with device.rng_untouched(accelerator.device):
+            export(model, "best")
     else:
         state.evals_without_improvement += 1
     summary = ", ".join(f"{k} {v:.4g}" for k, v in results.items())

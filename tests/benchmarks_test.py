@@ -283,6 +283,22 @@ class PeftBenchmarkTest(fixtures.TempDirTestCase):
         self.assertLen(rows["lora"]["per seed"].split(), 2)
         self.assertIn("lora", stdout)
         self.assertEqual(stdout.count("done in"), 4)  # each run in a process of its own
+        # Runs that ended at one label, as each run's last evaluation recorded it.
+        for method in ("full", "lora"):
+            recorded = []
+            for seed in (0, 1):
+                with open(os.path.join(out, f"{method}-seed{seed}", "benchmark.json"), encoding="utf-8") as f:
+                    recorded.append(json.load(f)["result"]["one_label"])
+            self.assertEqual(rows[method]["one-label runs"], sum(recorded))
+
+        # A run measured before evaluation recorded one_label: read from its dev predictions instead.
+        older = os.path.join(out, "lora-seed0", "benchmark.json")
+        with open(older, encoding="utf-8") as f:
+            saved_run = json.load(f)
+        for key in ("top_label_share", "one_label"):
+            del saved_run["result"][key]
+        with open(older, "w", encoding="utf-8") as f:
+            json.dump(saved_run, f)
 
         # Run again: every run is read back, none trains.
         saved = os.path.join(out, "lora-seed1", "benchmark.json")

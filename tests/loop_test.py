@@ -136,6 +136,25 @@ class EarlyStoppingTest(absltest.TestCase):
             self.assertLen(_losses(out), 3)
 
 
+class EvaluationLeavesTrainingAloneTest(parameterized.TestCase):
+    """Evaluating, and exporting best/ at each better evaluation, must not change what training does.
+
+    Both draw from the RNG that dropout draws from (a DataLoader iterator takes its seed from it; an
+    adapter's export builds a model copy whose initial weights come from it), so without
+    loop.evaluate_and_track's fork a run's losses depended on --eval_steps.
+    """
+
+    @parameterized.named_parameters(("full", ()), ("lora", ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo")))
+    def test_a_run_trains_the_same_however_often_it_evaluates(self, adapter):
+        with tempfile.TemporaryDirectory() as often, tempfile.TemporaryDirectory() as once:
+            flags = ["--max_steps", "6", "--dropout_rate", "0.1", *adapter]
+            fine_tune_t5.main(fixtures.fine_tune_args(often, *flags, "--eval_steps", "2"))  # at 2, 4, 6
+            fine_tune_t5.main(fixtures.fine_tune_args(once, *flags, "--eval_steps", "6"))  # at the end only
+            self.assertLen(run_dir.read_evals(often), 3)
+            self.assertLen(run_dir.read_losses(once), 6)
+            self.assertEqual(run_dir.read_losses(often), run_dir.read_losses(once))
+
+
 class ObjectiveTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("first_value", True, 1.0, None, True),
