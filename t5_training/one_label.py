@@ -56,9 +56,8 @@ def watch(evaluate: Callable[[object], dict], warn: Callable[[str], None],
                 continue
             streaks[key] = streaks[key] + 1 if stuck else 0
             if streaks[key] == patience:
-                share = results[key.removesuffix("one_label") + "top_label_share"]
-                warn(f"WARNING: {_where(key)}{share:.1%} of the dev outputs have named one label in each of the "
-                     f"last {patience} evaluations: {ADVICE}")
+                warn(f"WARNING: {_where(key)}{_share(results, key):.1%} of the dev outputs have named one label in "
+                     f"each of the last {patience} evaluations: {ADVICE}")
         return results
 
     return watched
@@ -66,9 +65,8 @@ def watch(evaluate: Callable[[object], dict], warn: Callable[[str], None],
 
 def dev_warnings(results: Mapping[str, float]) -> list[str]:
     """A line for each task and split whose evaluation in `results` (as eval_results.json keys it) is stuck."""
-    return [f"WARNING: {run_dir.RESULTS_FILES['eval']}: {_where(key)}"
-            f"{results[key.removesuffix('one_label') + 'top_label_share']:.1%} of the dev outputs name one label: "
-            f"{ADVICE}; predictions_*.tsv has them"
+    return [f"WARNING: {run_dir.RESULTS_FILES['eval']}: {_where(key)}{_share(results, key):.1%} of the dev outputs "
+            f"name one label: {ADVICE}; predictions_*.tsv has them"
             for key, stuck in results.items() if key.endswith("one_label") and stuck]
 
 
@@ -76,3 +74,8 @@ def _where(key: str) -> str:
     """'sst2/validation: ' for a keyed metric, '' for a lone task's."""
     where = key.removesuffix("one_label").rstrip("/")
     return f"{where}: " if where else ""
+
+
+def _share(results: Mapping[str, float], key: str) -> float:
+    """The top_label_share beside a `one_label` key, for the same task and split."""
+    return results[key.removesuffix("one_label") + "top_label_share"]

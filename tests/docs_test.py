@@ -47,8 +47,7 @@ def unknown_flags(commands: list[doc_commands.Command]) -> list[str]:
 
 
 def read_commands(path: str) -> list[doc_commands.Command]:
-    with open(os.path.join(fixtures.REPO, path), encoding="utf-8") as f:
-        return doc_commands.commands_in(f.read(), path)
+    return doc_commands.commands_in(_read(path), path)
 
 
 class DocsFlagsTest(absltest.TestCase):
