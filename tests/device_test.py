@@ -24,12 +24,17 @@ class GpuCheckScriptTest(absltest.TestCase):
         self.assertGreaterEqual(len(named), 9)
         for path in named:
             self.assertTrue(os.path.isfile(os.path.join(REPO, path)), path)
-        bench = subprocess.run(["python", os.path.join(REPO, "benchmarks", "fine_tune_throughput.py"), "--help"],
-                               capture_output=True, text=True, check=True).stdout
-        command = re.findall(r"fine_tune_throughput\.py([^>]*)>", script.replace("\\\n", " "))[0]
-        flags = [word for word in command.split() if word.startswith("--")]
-        self.assertIn("--device", flags)
-        self.assertContainsSubset(flags, re.findall(r"--\w+", bench))
+        commands = re.findall(r"benchmarks/(\w+\.py)([^>]*)>", script.replace("\\\n", " "))
+        self.assertEqual(sorted({name for name, _ in commands}),
+                         ["fine_tune_throughput.py", "memory_estimator.py", "pretraining_mfu.py"])
+        for name, command in commands:
+            helped = subprocess.run(["python", os.path.join(REPO, "benchmarks", name), "--help"],
+                                    capture_output=True, text=True, check=True).stdout
+            flags = [word for word in command.split() if word.startswith("--")]
+            self.assertIn("--output" if name != "fine_tune_throughput.py" else "--work_dir", flags, name)
+            self.assertContainsSubset(flags, re.findall(r"--\w+", helped), name)
+        for model in re.findall(r"for model in ([\w. -]+); do", script)[0].split():
+            self.assertTrue(os.path.isfile(os.path.join(REPO, "configs", model + ".json")), model)
 
 
 class RunsOnCudaTest(parameterized.TestCase):
