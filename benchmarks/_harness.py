@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -38,6 +39,20 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": 
 THREADS_HELP = ("torch threads in every process; 0: torch's default, one per core (quick: 1). On a machine "
                 "other jobs keep busy, 2 threads on 2 cores stall at every parallel region (a t5-small step "
                 "measured 7-20 s instead of 2 s), so pass --threads 1 there for steady ratios")
+
+
+def rss_kib(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (Linux), in KiB: VmRSS (resident now),
+    VmHWM (resident at peak), RssFile (file pages)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)[1])
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory since it started, in MiB: VmHWM, not getrusage's
+    ru_maxrss, which a process started by fork and exec inherits from its parent (a benchmark's
+    run would report its parent's peak whenever the parent held more)."""
+    return rss_kib("VmHWM") / 1024
 
 
 def set_environment(threads: int) -> None:

@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
-from _harness import REPO, child_main, run_child  # noqa: E402
+from _harness import REPO, child_main, rss_kib, run_child  # noqa: E402
 MIB = 1 << 20
 SMALL, TINY, V11_SMALL = "configs/t5-small.json", "configs/t5-tiny.json", "configs/t5-v1_1-small.json"
 BASE = "configs/t5-base.json"
@@ -91,11 +90,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # --- the measuring process ----------------------------------------------------------------------
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)[1])
-
-
 def _reset_peak_rss() -> int:
     """Resets the kernel's peak-RSS counter (Linux) and returns the current RSS in bytes."""
     try:
@@ -103,7 +97,7 @@ def _reset_peak_rss() -> int:
             f.write("5")
     except OSError:
         pass  # a sandbox that forbids it: VmHWM stays the peak since start, an upper bound
-    return _rss_kib("VmRSS") * 1024
+    return rss_kib("VmRSS") * 1024
 
 
 def _lock_resident_pages() -> None:
@@ -202,7 +196,7 @@ def measure(job: dict) -> dict:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         _lock_resident_pages()
         baseline = _reset_peak_rss()
-    file_pages = _rss_kib("RssFile") if device == "cpu" else 0
+    file_pages = rss_kib("RssFile") if device == "cpu" else 0
     peaks = []
 
     def after_step():  # each step's own peak: the first has no optimizer state during backward
@@ -211,7 +205,7 @@ def measure(job: dict) -> dict:
             peaks.append(torch.cuda.max_memory_allocated() - baseline)
             torch.cuda.reset_peak_memory_stats()
         else:
-            peaks.append(_rss_kib("VmHWM") * 1024 - baseline)
+            peaks.append(rss_kib("VmHWM") * 1024 - baseline)
             _reset_peak_rss()
 
     start = time.perf_counter()
@@ -225,7 +219,7 @@ def measure(job: dict) -> dict:
                              if adapters.in_use(_adapter_config(job)) else None)
     return {"measured": max(peaks), "step_peaks": peaks, "seconds": seconds, "estimate": result.to_dict(),
             # Library pages read in (or dropped) during the run would count in RSS: should stay near 0.
-            "file_pages_change": (_rss_kib("RssFile") - file_pages) * 1024 if device == "cpu" else 0}
+            "file_pages_change": (rss_kib("RssFile") - file_pages) * 1024 if device == "cpu" else 0}
 
 
 # --- the table ----------------------------------------------------------------------------------

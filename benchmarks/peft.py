@@ -9,8 +9,8 @@ Every method fine-tunes the same pretrained model (by default t5-tiny pretrained
 training texts with T5's recipe, as `pretraining_transfer.py --task TASK` does, whose run it
 reuses) on the same labelled rows for the same steps, seed for seed, each run in a fresh process.
 Per method it prints: trainable parameters, the size of one checkpoint (weights saved + optimizer
-state + RNG: what resuming needs), the process's peak memory (peak RSS, and its rise over the
-process after its imports), train samples/s, and dev accuracy (mean and per seed) with the paired
+state + RNG: what resuming needs), the run's process's peak memory (peak RSS as /proc reads it,
+VmHWM, and its rise over the process after its imports), train samples/s, and dev accuracy (mean and per seed) with the paired
 difference from full fine-tuning. Goal: LoRA within 1 point of full fine-tuning's accuracy at a
 checkpoint under 5% of its size. Finished runs are read back, not repeated; results.json has it all.
 """
@@ -24,7 +24,7 @@ import sys
 
 # _harness first (it also moves this folder to the end of the path, so that this file's name
 # does not hide the peft package): importing it puts the repository root on the path for the project's modules.
-from _harness import REPO, child_main, run_child, set_environment  # noqa: E402
+from _harness import REPO, child_main, peak_rss_mib, rss_kib, run_child, set_environment  # noqa: E402
 
 # Each method's flags. The learning rates are each method's best in pilots on SST-2 (seed 0, 1,000
 # steps, 8,000 rows): full 1e-3; IA3 1e-1 (59.9%; at 3e-2 it stayed at the majority class); prompt
@@ -80,16 +80,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def measure(job: dict) -> dict:
     """One fine-tuning run in this (fresh) process: its results, checkpoint and memory figures."""
-    import resource
-
     from safetensors import safe_open
 
     import fine_tune_t5
     from t5_training import checkpoint
 
-    start_rss = _rss_mib()
+    start_rss = rss_kib("VmRSS") / 1024
     results = fine_tune_t5.main(job["flags"])
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = peak_rss_mib()
     newest = checkpoint.list_checkpoints(job["run_dir"])[-1]
     files = {name: os.path.getsize(os.path.join(newest, name)) for name in os.listdir(newest)}
     # A checkpoint holds exactly the weights that train: all of them for full fine-tuning, the
@@ -108,12 +106,6 @@ def _numel(shape) -> int:
     for size in shape:
         count *= size
     return count
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status", encoding="utf-8") as f:
-        line = next(line for line in f if line.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
 
 
 def prepare(args) -> tuple[str, str, dict]:

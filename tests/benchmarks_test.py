@@ -205,6 +205,22 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertEqual(results["largest_multiple"], 10.0)
 
 
+class PeakMemoryTest(absltest.TestCase):
+    """A benchmark's run reports its own process's peak memory, not its parent's."""
+
+    def test_a_process_started_by_fork_and_exec_reports_its_own_peak(self):
+        # The parent (this process) holds 512 MiB more than the child will ever touch: getrusage's
+        # ru_maxrss, which the peft benchmark read before, carries the parent's peak into the child.
+        ballast = bytearray(b"\x01") * (512 << 20)
+        child = ("import sys; sys.path.insert(0, sys.argv[1]); import _harness, resource; "
+                 "print(_harness.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+        out = subprocess.run([sys.executable, "-c", child, BENCHMARKS], capture_output=True, text=True, check=True)
+        peak, inherited = map(float, out.stdout.split())
+        self.assertGreater(inherited, 512, "the parent's ballast is not resident: this test could not fail")
+        self.assertLess(peak, 256)
+        self.assertEqual(len(ballast), 512 << 20)
+
+
 class PretrainingTransferTest(fixtures.TempDirTestCase):
     """benchmarks/pretraining_transfer.py at a toy size: paired runs, the interval, reuse of finished runs."""
 
