@@ -1,6 +1,6 @@
 """Parameter-efficient fine-tuning through peft: LoRA, IA3 and prompt tuning (`--peft`).
 
-    accelerate launch fine_tune_t5.py ... --peft lora --lora_r 8 --lora_alpha 16 --lora_target_modules q,v
+    accelerate launch fine_tune_t5.py ... --peft lora --learning_rate 5e-4   # every linear layer, r 8, alpha 64
     accelerate launch fine_tune_t5.py ... --peft lora --use_dora     # DoRA: LoRA with a trained magnitude
     accelerate launch fine_tune_t5.py ... --peft ia3
     accelerate launch fine_tune_t5.py ... --peft prompt_tuning --num_virtual_tokens 20 --prompt_init vocab
@@ -25,6 +25,7 @@ from typing import Literal
 
 import torch
 
+from t5_training import adapter_targets
 from t5_training.errors import UsageError
 
 METHODS = ("none", "lora", "ia3", "prompt_tuning")
@@ -35,6 +36,10 @@ _RANDOM_BASE = "t5_training_random_base"
 # What --prompt_init names, in peft's terms. Sampled vocabulary embeddings are the default:
 # Lester et al. (2021) found random prompts lag far behind on T5, and peft's own default is random.
 _PROMPT_INIT = {"random": "RANDOM", "vocab": "SAMPLE_VOCAB", "text": "TEXT"}
+# What an unset --learning_rate means with an adapter under AdamW: each method's rate in the peft
+# benchmark (docs/results/peft.md). At AdamW's default, full fine-tuning's 3e-4, LoRA stayed at
+# SST-2's majority class on t5-tiny: an adapter trains few weights, from zero or from one.
+LEARNING_RATES = {"lora": 5e-4, "dora": 1e-3, "ia3": 1e-1, "prompt_tuning": 3e-1}
 # The flags that tune one method alone (--use_dora, LoRA's too, is refused in __post_init__).
 METHOD_FLAGS = {"lora": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
                 "ia3": ("ia3_target_modules", "ia3_feedforward_modules"),
@@ -53,16 +58,20 @@ class AdapterConfig:
                                           "save the base in <export>/base/. To evaluate or predict with an "
                                           "export: --do_train false --model_name_or_path <run>/best, no --peft."})
     lora_r: int = field(default=8, metadata={"help": "LoRA's rank r."})
-    lora_alpha: int = field(default=8, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r."})
+    # alpha / r = 8 and every linear layer: a small alpha / r, or q and v alone (peft's defaults),
+    # left LoRA at the majority class on t5-tiny (docs/results/peft.md).
+    lora_alpha: int = field(default=64, metadata={"help": "LoRA's alpha: its update is scaled by alpha / r (the "
+                                                          "defaults: 64 / 8 = 8)."})
     lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on LoRA's input."})
     use_dora: bool = field(
         default=False, metadata={"help": "LoRA as DoRA (Liu et al. 2024): each targeted weight is split into its "
                                          "column norms, a trainable magnitude (d_out more parameters per matrix), "
                                          "and a direction that takes the low-rank update. Merges like LoRA."})
     lora_target_modules: str | None = field(
-        default=None, metadata={"help": "Comma list of the linear layers LoRA adapts, e.g. q,k,v,o,wi,wo. "
-                                        "Default: peft's for the model type (q,v for T5). lm_head only where "
-                                        "it is not tied to the input embedding (T5's is)."})
+        default=None, metadata={"help": "Comma list of the linear layers LoRA adapts, e.g. q,v. Default: every "
+                                        "linear layer but the output layer (q,k,v,o,wi,wo for T5; wi_0,wi_1 "
+                                        "for a gated feed-forward). lm_head only where it is not tied to the "
+                                        "input embedding (T5's is)."})
     ia3_target_modules: str | None = field(
         default=None, metadata={"help": "Comma list of the layers IA3 rescales. Default: peft's (k,v,wo for T5)."})
     ia3_feedforward_modules: str | None = field(
@@ -113,6 +122,13 @@ class AdapterConfig:
             parent.check_given(given)
 
 
+def default_learning_rate(config) -> float | None:
+    """The rate an unset --learning_rate means for this run's adapter (LEARNING_RATES), or None without one."""
+    if not in_use(config):
+        return None
+    return LEARNING_RATES["dora" if config.use_dora else config.peft]
+
+
 def in_use(config) -> bool:
     """True when the run trains an adapter: its checkpoints then hold the trainable weights only."""
     return getattr(config, "peft", "none") != "none"
@@ -137,36 +153,6 @@ def _names(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
 
-def _tied_head(model) -> bool:
-    """True when the output layer shares its weight with the input embedding (T5's, under transformers 5)."""
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    return head is not None and (head.weight is embedding.weight or
-                                 bool(getattr(model.config, "tie_word_embeddings", False)))
-
-
-def _check_targets(model, flag: str, targets: list[str] | None) -> None:
-    """A target that names no linear layer, or a tied output layer, is one line listing the layers it may name."""
-    if targets is None:
-        return
-    linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    head = model.get_output_embeddings()
-    # Merging an update into a tied output layer writes it into the input embedding as well, so
-    # the merged export would not compute what the adapter model computes.
-    tied = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if module is head} \
-        if _tied_head(model) else set()
-    linear -= tied
-    clash = sorted(tied & set(targets))
-    if clash:
-        raise UsageError(f"{flag} names {clash[0]}, this model's output layer, which shares its weight with the input "
-                         f"embedding (tied, as in T5), so the merged export would change the embedding too; drop "
-                         f"{clash[0]} and name only {', '.join(sorted(linear))} (only an output layer with a weight of "
-                         "its own can be adapted)")
-    missing = [name for name in targets if name not in linear]
-    if missing:
-        raise UsageError(f"{flag}: this model has no linear layer named {missing[0]!r}; it has "
-                         f"{', '.join(sorted(linear))}")
-
-
 def peft_config(config: AdapterConfig, model, tokenizer_name: str | None):
     """The peft config `--peft` and its knobs describe, for a seq2seq model."""
     import peft
@@ -174,12 +160,13 @@ def peft_config(config: AdapterConfig, model, tokenizer_name: str | None):
     task = peft.TaskType.SEQ_2_SEQ_LM
     if config.peft == "lora":
         targets = _names(config.lora_target_modules)
-        _check_targets(model, "--lora_target_modules", targets)
+        adapter_targets.check_targets(model, "--lora_target_modules", targets)
+        targets = targets or adapter_targets.default_lora_targets(model)
         return peft.LoraConfig(task_type=task, r=config.lora_r, lora_alpha=config.lora_alpha,
                                lora_dropout=config.lora_dropout, target_modules=targets, use_dora=config.use_dora)
     if config.peft == "ia3":
         targets, feedforward = _names(config.ia3_target_modules), _names(config.ia3_feedforward_modules)
-        _check_targets(model, "--ia3_target_modules", targets)
+        adapter_targets.check_targets(model, "--ia3_target_modules", targets)
         if feedforward and not targets:
             raise UsageError("--ia3_feedforward_modules needs --ia3_target_modules, of which it is a subset")
         if feedforward and not set(feedforward) <= set(targets):

@@ -48,7 +48,8 @@ class TrainingConfig:
     gradient_accumulation_steps: int = 1
     learning_rate: float | None = field(
         default=None, metadata={"help": "Peak learning rate. Default: 1e-3 for adafactor and adafactor_hf (T5's "
-                                        "fine-tuning rate), 3e-4 otherwise."})
+                                        "fine-tuning rate), 3e-4 otherwise; under AdamW with --peft, the "
+                                        "adapter's own (LoRA 5e-4, DoRA 1e-3, IA3 1e-1, prompt tuning 3e-1)."})
     lr_scheduler_type: Literal[SCHEDULERS] | None = field(
         default=None, metadata={"help": "Default: constant for adafactor and adafactor_hf (as T5 fine-tunes), "
                                         "linear otherwise."})

@@ -55,6 +55,15 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
                                          "predict_results.json (per file: outputs that named no label and were "
                                          "written as a fallback, warned about on stderr; files not written)."})
 
+    @property
+    def resolved_learning_rate(self) -> float:
+        """--learning_rate; unset, an adapter's own rate under AdamW (adapters.LEARNING_RATES), else the
+        optimizer's default. Adafactor keeps T5's 1e-3: its steps are relative to each weight's scale."""
+        adapter_rate = adapters.default_learning_rate(self)
+        if self.learning_rate is None and adapter_rate is not None and self.optim in ("adamw_torch", "adamw_scale"):
+            return adapter_rate
+        return super().resolved_learning_rate
+
     def __post_init__(self):
         # The order picks the error several bad flags get: adapter, training, this script's, the mixture's (registry).
         self.check_adapter_flags()

@@ -43,15 +43,38 @@ def _trainable(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+class DefaultLearningRateTest(parameterized.TestCase):
+    """An unset --learning_rate under AdamW is the adapter's own rate: AdamW's 3e-4 left LoRA at one label."""
+
+    @parameterized.named_parameters(
+        ("full", [], 3e-4),
+        ("lora", ["--peft", "lora"], 5e-4),
+        ("dora", ["--peft", "lora", "--use_dora"], 1e-3),
+        ("ia3", ["--peft", "ia3"], 1e-1),
+        ("prompt_tuning", ["--peft", "prompt_tuning"], 3e-1),
+        ("adamw_scale", ["--peft", "lora", "--optim", "adamw_scale"], 5e-4),
+        ("given", ["--peft", "lora", "--learning_rate", "2e-4"], 2e-4),
+        # Adafactor's steps are relative to each weight's scale: T5's 1e-3 stays.
+        ("adafactor", ["--peft", "lora", "--optim", "adafactor"], 1e-3),
+    )
+    def test_resolved_learning_rate(self, flags, expected):
+        self.assertEqual(_config(*flags).resolved_learning_rate, expected)
+
+
 class CountTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
         ("lora_all_linear_r4", ["--peft", "lora", "--lora_r", "4", "--lora_target_modules", ALL_LINEAR],
          4 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER)),
-        # peft's T5 default, q and v: 2 per encoder layer, 4 per decoder layer (self and cross).
-        ("lora_default_q_v", ["--peft", "lora"], 8 * (2 * 2 + 2 * 4) * (D_MODEL + INNER)),
+        # The default: every linear layer but the output layer, at r 8.
+        ("lora_default_all_linear", ["--peft", "lora"], 8 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER)),
+        # q and v (peft's T5 default): 2 per encoder layer, 4 per decoder layer (self and cross).
+        ("lora_q_v", ["--peft", "lora", "--lora_target_modules", "q,v"], 8 * (2 * 2 + 2 * 4) * (D_MODEL + INNER)),
         # DoRA adds a magnitude per output of each adapted matrix: q and v both give INNER outputs.
-        ("dora_default_q_v", ["--peft", "lora", "--use_dora"], (8 * (D_MODEL + INNER) + INNER) * (2 * 2 + 2 * 4)),
+        ("dora_q_v", ["--peft", "lora", "--use_dora", "--lora_target_modules", "q,v"],
+         (8 * (D_MODEL + INNER) + INNER) * (2 * 2 + 2 * 4)),
+        ("dora_default_all_linear", ["--peft", "lora", "--use_dora"],
+         8 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER) + 2 * (5 * D_MODEL + D_FF) + 2 * (9 * D_MODEL + D_FF)),
         # On all six: wi's outputs are D_FF wide, every other matrix's D_MODEL (= INNER here).
         ("dora_all_linear_r4", ["--peft", "lora", "--use_dora", "--lora_r", "4", "--lora_target_modules", ALL_LINEAR],
          4 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER) + 2 * (5 * D_MODEL + D_FF) + 2 * (9 * D_MODEL + D_FF)),
@@ -184,19 +207,22 @@ class ExportTest(_SavedBase):
             delta = (8 / 4) * lora[f"{prefix}.lora_B.weight"] @ lora[f"{prefix}.lora_A.weight"]
             self.assertGreater(delta.abs().max().item(), 0, name)
             torch.testing.assert_close(merged[name], weight + delta, rtol=0, atol=1e-6, msg=name)
-        self.assertEqual(targeted, 2 * 2 + 2 * 4)  # q and v of every attention block
+        # By default every linear layer: 6 per encoder layer, 10 per decoder layer.
+        self.assertEqual(targeted, 2 * 6 + 2 * 10)
 
     def test_checkpoints_hold_the_adapter_and_its_optimizer_state_only(self):
         out, _ = self.run_fine_tune("checkpoint", "--peft", "lora")
         step = checkpoint.checkpoint_dir(out, 8)
         saved = load_file(os.path.join(step, "model.safetensors"))
         self.assertTrue(saved and all("lora_" in name for name in saved), sorted(saved)[:3])
-        self.assertEqual(sum(t.numel() for t in saved.values()), 8 * (2 * 2 + 2 * 4) * (D_MODEL + INNER))
+        self.assertEqual(sum(t.numel() for t in saved.values()), 8 * (2 * ENCODER_LAYER + 2 * DECODER_LAYER))
         optimizer = torch.load(os.path.join(step, "optimizer.bin"), weights_only=True)
         moments = [s["exp_avg"].numel() for s in optimizer["state"].values()]
         self.assertEqual(sum(moments), sum(t.numel() for t in saved.values()))
-        full = os.path.getsize(os.path.join(self.base, "model.safetensors"))
-        self.assertLess(os.path.getsize(os.path.join(step, "model.safetensors")), 0.05 * full)
+        # The file is those fp32 weights and a header naming them: nothing of the frozen base.
+        adapter_bytes = 4 * sum(t.numel() for t in saved.values())
+        self.assertBetween(os.path.getsize(os.path.join(step, "model.safetensors")), adapter_bytes,
+                           adapter_bytes + 200 * len(saved))
         self.assertIsNotNone(run_dir.read_results(out))
         # The best evaluation's export has the same two forms as final/.
         for name in ("config.json", os.path.join(adapters.ADAPTER_DIR, "adapter_config.json")):
@@ -239,7 +265,10 @@ class RandomBaseTest(_SavedBase):
 class FeaturesTest(_SavedBase):
 
     def test_accumulation_length_grouping_scoring_and_checkpointing_work_with_lora(self):
-        flags = ["--peft", "lora", "--gradient_accumulation_steps", "2", "--group_by_length",
+        # alpha = r (a scale of 1, not the default 8): Adam turns the gradients' rounding differences
+        # into steps of about the learning rate, which alpha / r then multiplies, and the losses
+        # below are compared to 1e-5.
+        flags = ["--peft", "lora", "--lora_alpha", "8", "--gradient_accumulation_steps", "2", "--group_by_length",
                  "--eval_decoding", "score", "--early_stopping_patience", "1", "--auto_find_batch_size",
                  "--dropout_rate", "0.1"]
         plain, _ = self.run_fine_tune("plain", *flags)
