@@ -41,13 +41,13 @@ class DescribeTest(parameterized.TestCase):
     def test_lora_records_its_settings_as_peft_resolved_them_and_its_base(self):
         record = _record(*LORA_FLAGS, "--lora_dropout", "0.1", "--seed", "3")
         self.assertEqual(record["peft"], "lora")
-        self.assertEqual(record["settings"], {"lora_target_modules": "q,v", "lora_r": 8, "lora_alpha": 8,
+        self.assertEqual(record["settings"], {"lora_target_modules": "k,o,q,v,wi,wo", "lora_r": 8, "lora_alpha": 8,
                                               "lora_dropout": 0.1, "use_dora": False})
         self.assertEqual({k: v for k, v in record["base"].items() if k != "fingerprint"},
                          {"model_name_or_path": None, "config_name": fixtures.TINY_CONFIG, "seed": 3})
-        # peft's default targets and the same targets named are one record.
-        self.assertEqual(_record(*LORA_FLAGS, "--lora_target_modules", "v,q")["settings"]["lora_target_modules"],
-                         "q,v")
+        # The default targets and the same targets named are one record.
+        self.assertEqual(_record(*LORA_FLAGS, "--lora_target_modules", "wo,wi,v,q,o,k")["settings"]
+                         ["lora_target_modules"], "k,o,q,v,wi,wo")
 
     def test_the_fingerprint_is_the_frozen_weights(self):
         same = [_record("--peft", "ia3")["base"]["fingerprint"], _record(*LORA_FLAGS)["base"]["fingerprint"]]
@@ -175,12 +175,12 @@ class ResumeTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("lora_without_peft", "lora", (), "base",
          "was trained with --peft lora, but this run has --peft none; resume it with --peft lora "
-         "--lora_target_modules q,v --lora_r 8"),
+         "--lora_target_modules k,o,q,v,wi,wo --lora_r 8"),
         ("full_with_lora", "full", LORA_FLAGS, "base",
          "was trained with --peft none, but this run has --peft lora; resume it without --peft"),
         ("lora_with_other_targets", "lora", (*LORA_FLAGS, "--lora_target_modules", "q,k,v"), "base",
-         "was trained with --lora_target_modules q,v, but this run has --lora_target_modules k,q,v; resume it with "
-         "--lora_target_modules q,v"),
+         "was trained with --lora_target_modules k,o,q,v,wi,wo, but this run has --lora_target_modules k,q,v; "
+         "resume it with --lora_target_modules k,o,q,v,wi,wo"),
         ("lora_with_other_rank", "lora", (*LORA_FLAGS, "--lora_r", "4"), "base",
          "was trained with --lora_r 8, but this run has --lora_r 4"),
         ("lora_with_other_alpha", "lora", (*LORA_FLAGS[:2], "--lora_alpha", "64"), "base",

@@ -183,7 +183,10 @@ class AdapterTest(parameterized.TestCase):
     @parameterized.named_parameters(
         # LoRA: r * (d_in + d_out) per targeted matrix. t5-small's q, v (512 x 512) are in 6 encoder
         # self-attentions and 6 decoder self- and 6 cross-attentions: 36 matrices.
-        ("lora_qv", {"peft": "lora", "lora_r": 8}, 36 * 8 * (512 + 512)),
+        ("lora_qv", {"peft": "lora", "lora_r": 8, "lora_target_modules": "q,v"}, 36 * 8 * (512 + 512)),
+        # The default, every linear layer at r 8: q, k, v, o in 6 encoder and (twice) 6 decoder layers,
+        # wi and wo in all 12.
+        ("lora_default", {"peft": "lora"}, 8 * (6 * (4 + 8) * (512 + 512) + 12 * 2 * (512 + 2048))),
         # wi and wo (512 <-> 2048) in 12 feed-forward layers, r 4.
         ("lora_ffn", {"peft": "lora", "lora_r": 4, "lora_target_modules": "wi,wo"}, 24 * 4 * (512 + 2048)),
         # IA3's defaults: a vector over k's and v's outputs (512 each, 18 attentions) and over wo's
