@@ -58,8 +58,8 @@ FULL = [
     (SMALL, 8, 512, 114, "adamw_scale", {"dropout_rate": 0.0, "padding": False}),
     (V11_SMALL, 8, 512, 114, "adafactor", {"padding": False}),
     (TINY, 16, 512, 114, "adamw_torch", {"precision": "bf16"}),  # CPU autocast (slow on CPUs without bf16)
-    # Adapters (--peft, with peft's defaults): the base frozen, the adapter alone trained.
-    (SMALL, 8, 512, 114, "adamw_torch", {"peft": "lora"}),
+    # Adapters (--peft): the base frozen, the adapter alone trained. LoRA on q,v and on all six.
+    (SMALL, 8, 512, 114, "adamw_torch", {"peft": "lora", "lora_target_modules": "q,v"}),
     (SMALL, 8, 512, 114, "adamw_torch", {"peft": "lora", "lora_target_modules": "q,k,v,o,wi,wo",
                                          "lora_dropout": 0.1}),
     (SMALL, 8, 512, 114, "adamw_torch", {"peft": "ia3"}),

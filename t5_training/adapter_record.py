@@ -45,7 +45,7 @@ def describe(config, model) -> dict:
 
     `model` is the model `adapters.apply` returned, before accelerate prepares it (ZeRO-3 would
     partition its weights). Target modules are recorded as peft resolved them, so that leaving
-    --lora_target_modules unset and naming peft's default are the same.
+    --lora_target_modules unset and naming the default targets are the same.
     """
     if not adapters.in_use(config):
         return {"peft": "none"}

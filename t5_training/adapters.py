@@ -1,6 +1,6 @@
 """Parameter-efficient fine-tuning through peft: LoRA, IA3 and prompt tuning (`--peft`).
 
-    accelerate launch fine_tune_t5.py ... --peft lora --learning_rate 5e-4   # every linear layer, r 8, alpha 64
+    accelerate launch fine_tune_t5.py ... --peft lora     # every linear layer, r 8, alpha 64, 5e-4 under AdamW
     accelerate launch fine_tune_t5.py ... --peft lora --use_dora     # DoRA: LoRA with a trained magnitude
     accelerate launch fine_tune_t5.py ... --peft ia3
     accelerate launch fine_tune_t5.py ... --peft prompt_tuning --num_virtual_tokens 20 --prompt_init vocab
@@ -48,7 +48,8 @@ METHOD_FLAGS = {"lora": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_mo
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    """Which adapter fine_tune_t5.py trains instead of the whole model; peft's defaults for T5 where it has them."""
+    """Which adapter fine_tune_t5.py trains instead of the whole model: LoRA on every linear layer at
+    alpha / r = 8 by default, IA3 and prompt tuning with peft's defaults for T5."""
 
     peft: Literal[METHODS] = field(
         default="none", metadata={"help": "none: train the whole model; lora, ia3 or prompt_tuning: train only "

@@ -1,7 +1,7 @@
 """What an adapter (`--peft lora|ia3|prompt_tuning`) changes in the memory estimate.
 
 `describe` wraps a T5 built on the `meta` device with the adapter exactly as fine_tune_t5.py
-does (`t5_training.adapters.apply`, so peft's defaults and the same bad-target errors apply) and
+does (`t5_training.adapters.apply`, so the same defaults and the same bad-target errors apply) and
 reads off every parameter's shape, which of them train (the adapter's only), and which linear
 layers carry LoRA or IA3. The activation tracer (`activation_memory`) then adds, per adapted
 layer, what autograd saves for it, following peft's forwards:
