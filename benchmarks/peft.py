@@ -10,8 +10,8 @@ training texts with T5's recipe, as `pretraining_transfer.py --task TASK` does, 
 reuses) on the same labelled rows for the same steps, seed for seed, each run in a fresh process.
 Per method it prints: trainable parameters, the size of one checkpoint (weights saved + optimizer
 state + RNG: what resuming needs), the run's process's peak memory (peak RSS as /proc reads it,
-VmHWM, and its rise over the process after its imports), train samples/s, and dev accuracy (mean and per seed) with the paired
-difference from full fine-tuning. Goal: LoRA within 1 point of full fine-tuning's accuracy at a
+VmHWM, and its rise over the process after its imports), train samples/s, and dev accuracy (mean
+and per seed) with the paired difference from full fine-tuning. Goal: LoRA within 1 point of full fine-tuning's accuracy at a
 checkpoint under 5% of its size. Finished runs are read back, not repeated; results.json has it all.
 """
 from __future__ import annotations
