@@ -16,7 +16,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput
 
 from t5_training import adapters, no_label, one_label
-from t5_training.data import in_row_order, shift_right
+from t5_training.batching import shift_right
+from t5_training.data import in_row_order
 from t5_training.errors import UsageError
 from t5_training.losses import row_cross_entropy
 from t5_training.runtime import uses_deepspeed_zero3

@@ -9,12 +9,9 @@ import types
 
 from absl.testing import absltest, parameterized
 import datasets
-import torch
 
 from tests import fixtures
-from tests.simulated_gpu import gpu_host
-from t5_training import data, device, modeling, tasks
-from t5_training.config import TrainingConfig
+from t5_training import data, modeling, tasks
 from t5_training.tools import tokenizer as tokenizer_lib
 from t5_training.errors import UsageError
 
@@ -402,68 +399,6 @@ class TokenizeTest(parameterized.TestCase):
         task = data.build_task_data(tasks.get_entry("glue", "sst2"), config, self.tok, log.append)
         self.assertEqual(task.max_target_tokens, 3)
         self.assertIn("8 targets to 3", log[1])
-
-
-class CollatorTest(parameterized.TestCase):
-
-    def test_padding(self):
-        collate = data.Seq2SeqCollator(pad_token_id=0, decoder_start_token_id=0)
-        rows = [{"input_ids": [5, 6, 1], "labels": [7, 1], "idx": 4, "source": "dropped"},
-                {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12, 1], "labels": [8, 9, 10, 11, 1], "idx": 0,
-                 "source": "dropped"}]
-        batch = collate(rows)
-        self.assertEqual(sorted(batch), ["attention_mask", "decoder_input_ids", "idx", "input_ids", "labels"])
-        self.assertEqual(batch["input_ids"].tolist(), [
-            [5, 6, 1, 0, 0, 0, 0, 0, 0],
-            [5, 6, 7, 8, 9, 10, 11, 12, 1],
-        ])
-        self.assertEqual(batch["attention_mask"].tolist(), [
-            [1, 1, 1, 0, 0, 0, 0, 0, 0],
-            [1, 1, 1, 1, 1, 1, 1, 1, 1],
-        ])
-        self.assertEqual(batch["labels"].tolist(), [
-            [7, 1, -100, -100, -100],
-            [8, 9, 10, 11, 1],
-        ])
-        self.assertEqual(batch["decoder_input_ids"].tolist(), [
-            [0, 7, 1, 0, 0],
-            [0, 8, 9, 10, 11],
-        ])
-        self.assertEqual(batch["idx"].tolist(), [4, 0])
-        for key in ("input_ids", "attention_mask", "labels", "decoder_input_ids"):
-            self.assertEqual(batch[key].dtype, torch.int64, key)
-
-    @parameterized.named_parameters(("one", 1, 8), ("eight", 8, 8), ("nine", 9, 16), ("sixteen", 16, 16),
-                                    ("seventeen", 17, 24))
-    def test_width_rounds_up_to_multiple(self, longest, width):
-        collate = data.Seq2SeqCollator(pad_token_id=0, decoder_start_token_id=0, pad_to_multiple_of=8)
-        batch = collate([{"input_ids": [3] * longest, "labels": [4] * longest}, {"input_ids": [3], "labels": [4]}])
-        self.assertEqual(tuple(batch["input_ids"].shape), (2, width))
-        self.assertEqual(tuple(batch["labels"].shape), (2, width))
-        self.assertEqual(int(batch["attention_mask"].sum()), longest + 1)
-        self.assertEqual(int((batch["labels"] == -100).sum()), 2 * width - longest - 1)
-        self.assertNotIn("idx", batch)
-
-    def test_rounding_only_on_gpu(self):
-        # CPU batches pad to the longest row only: rounding a 2-token target to 8 would cost 4x
-        # the decoder work.
-        self.assertEqual(data.pad_multiple(), data.GPU_PAD_MULTIPLE if torch.cuda.is_available() else 1)
-        self.assertEqual(data.GPU_PAD_MULTIPLE, 8)
-
-    @parameterized.named_parameters(("gpu_process", {}, data.GPU_PAD_MULTIPLE, True),
-                                    ("cpu_process", {"ACCELERATE_USE_CPU": "1"}, 1, False))
-    def test_padding_and_pinning_follow_the_device_in_use(self, env, multiple, pinned):
-        # A CPU process on a GPU host (ACCELERATE_USE_CPU=1, as the Slurm scripts set on CPU nodes)
-        # gains nothing from either.
-        with gpu_host(**env):
-            self.assertEqual(data.pad_multiple(), multiple)
-            self.assertEqual(device.loader_workers(TrainingConfig(output_dir="unused"))["pin_memory"], pinned)
-
-    def test_decoder_inputs_are_shifted_labels(self):
-        labels = torch.tensor([[11, 12, 13, 1], [21, 1, -100, -100]])
-        shifted = data.shift_right(labels, decoder_start_token_id=0, pad_token_id=0)
-        self.assertEqual(shifted.tolist(), [[0, 11, 12, 13], [0, 21, 1, 0]])
-        self.assertEqual(labels.tolist(), [[11, 12, 13, 1], [21, 1, -100, -100]])  # not modified
 
 
 if __name__ == "__main__":

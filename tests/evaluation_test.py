@@ -16,7 +16,7 @@ from absl.testing import absltest, parameterized
 from accelerate import Accelerator
 
 import fine_tune_t5
-from t5_training import adapters, data, evaluation, modeling
+from t5_training import adapters, batching, data, evaluation, modeling
 from t5_training.config import parse_config
 from t5_training.errors import UsageError
 from t5_training.modeling import load_tokenizer_and_model
@@ -148,7 +148,7 @@ class CandidateBlocksTest(parameterized.TestCase):
         candidates = torch.tensor([[5, 6, 7, 1], [8, 1, -100, -100], [9, 10, 1, -100]])
         mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 7 + [0] * 2])
         input_ids = torch.randint(2, 64, (rows, 9)) * mask
-        decoder_input_ids = data.shift_right(candidates.repeat(rows, 1), 0, 0)
+        decoder_input_ids = batching.shift_right(candidates.repeat(rows, 1), 0, 0)
         with torch.no_grad():
             encoded = model.get_encoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
             separate = model(encoder_outputs=(encoded.repeat_interleave(k, dim=0),),

@@ -4,7 +4,7 @@ from absl.testing import absltest
 from accelerate import Accelerator
 from transformers import AutoConfig, T5ForConditionalGeneration
 
-from t5_training import data, teacher_forced
+from t5_training import batching, teacher_forced
 from tests import fixtures
 
 
@@ -17,7 +17,7 @@ class TeacherForcedByGroupTest(absltest.TestCase):
         labels = torch.randint(2, 64, (6, 5))
         labels[[1, 4], 3:] = -100  # rows with fewer target tokens weigh less
         batch = {"input_ids": torch.randint(2, 64, (6, 7)), "attention_mask": torch.ones(6, 7, dtype=torch.long),
-                 "labels": labels, "decoder_input_ids": data.shift_right(labels, 0, 0),
+                 "labels": labels, "decoder_input_ids": batching.shift_right(labels, 0, 0),
                  "denoiser_ids": torch.tensor([0, 0, 2, 0, 2, 2])}
         loader = [{k: v[:3] for k, v in batch.items()}, {k: v[3:] for k, v in batch.items()}]
         with torch.no_grad():

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from t5_training import denoisers
 from t5_training.collators import compute_input_and_target_lengths
-from t5_training import corpus, data, reporting
+from t5_training import batching, corpus, data, reporting
 from t5_training.config import parse_config, resolve_objective
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
@@ -40,8 +40,8 @@ BAR_WIDTH = 40
 # Keeping every row whole costs little when the longest is this short (batches are padded only
 # to their own longest row); beyond it, the longest rows are outliers worth cutting.
 KEEP_ALL_UP_TO = 128
-# A round number that GPU batches are padded to anyway (data.GPU_PAD_MULTIPLE).
-SUGGESTION_MULTIPLE = data.GPU_PAD_MULTIPLE
+# A round number that GPU batches are padded to anyway (batching.GPU_PAD_MULTIPLE).
+SUGGESTION_MULTIPLE = batching.GPU_PAD_MULTIPLE
 SUGGESTION_RULE = (f"the longest row if it has at most {KEEP_ALL_UP_TO} tokens, else p99; "
                    f"rounded up to a multiple of {SUGGESTION_MULTIPLE}")
 
