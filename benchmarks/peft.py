@@ -11,8 +11,8 @@ reuses) on the same labelled rows for the same steps, seed for seed, each run in
 Per method it prints: trainable parameters, the size of one checkpoint (weights saved + optimizer
 state + RNG: what resuming needs), the run's process's peak memory (peak RSS as /proc reads it,
 VmHWM, and its rise over the process after its imports), train samples/s, and dev accuracy (mean
-and per seed) with the paired difference from full fine-tuning. Goal: LoRA within 1 point of full fine-tuning's accuracy at a
-checkpoint under 5% of its size. Finished runs are read back, not repeated; results.json has it all.
+and per seed) with the paired difference from full fine-tuning. Goal: LoRA within 1 point of full
+fine-tuning's accuracy at a checkpoint under 5% of its size. Finished runs are read back, not repeated; results.json has it all.
 """
 from __future__ import annotations
 
@@ -192,7 +192,9 @@ def _cached(path: str, job: dict, run, entry) -> dict:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
         experiments.refuse_other_flags(os.path.dirname(path), saved.get("flags"), job["flags"])
-        return {**_one_label_of(entry, job["run_dir"]), **saved["result"]}
+        result = saved["result"]
+        # Runs measured before evaluation recorded them: computed from their dev predictions.
+        return result if "one_label" in result else {**_one_label_of(entry, job["run_dir"]), **result}
     result = run()
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"flags": job["flags"], "result": result}, f, indent=2)

@@ -7,7 +7,7 @@ import torch
 from t5_training.errors import UsageError
 
 
-def tied_head(model) -> bool:
+def _tied_head(model) -> bool:
     """True when the output layer shares its weight with the input embedding (T5's, under transformers 5)."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     return head is not None and (head.weight is embedding.weight or
@@ -37,7 +37,7 @@ def check_targets(model, flag: str, targets: list[str] | None) -> None:
     linear = _linear_names(model)
     # Merging an update into a tied output layer writes it into the input embedding as well, so
     # the merged export would not compute what the adapter model computes.
-    tied = _output_layer_names(model) if tied_head(model) else set()
+    tied = _output_layer_names(model) if _tied_head(model) else set()
     linear -= tied
     clash = sorted(tied & set(targets))
     if clash:

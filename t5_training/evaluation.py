@@ -228,9 +228,9 @@ def make_generation_evaluator(accelerator, entry, task, eval_loaders: dict, toke
     Keys follow `tasks.metric_key` ("accuracy", or "validation_matched/accuracy" when a task
     has several eval splits), plus the split's teacher-forced "loss" and, for a task with labels, its
     outputs that name no label (`no_label`, `no_label_share`: no_label.counts) and, for a classification
-    task, how much of its output is one label (`top_label_share`, `one_label`: one_label.counts). Each call also rewrites
-    `output_dir/predictions_<file_prefix><split>.tsv` (a mixture's prefix is its task's name and "_").
-    `rouge_use_stemmer` stems before ROUGE (T5 does not).
+    task, how much of its output is one label (`top_label_share`, `one_label`: one_label.counts). Each
+    call also rewrites `output_dir/predictions_<file_prefix><split>.tsv` (a mixture's prefix is its
+    task's name and "_"). `rouge_use_stemmer` stems before ROUGE (T5 does not).
     """
     score = make_scorer(entry, rouge_use_stemmer)
     # Reports list rows in their original order; the loaders see them sorted by length.

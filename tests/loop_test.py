@@ -144,7 +144,8 @@ class EvaluationLeavesTrainingAloneTest(parameterized.TestCase):
     loop.evaluate_and_track's fork a run's losses depended on --eval_steps.
     """
 
-    @parameterized.named_parameters(("full", ()), ("lora", ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo")))
+    @parameterized.named_parameters(("full", ()),
+                                    ("lora", ("--peft", "lora", "--lora_target_modules", "q,k,v,o,wi,wo")))
     def test_a_run_trains_the_same_however_often_it_evaluates(self, adapter):
         with tempfile.TemporaryDirectory() as often, tempfile.TemporaryDirectory() as once:
             flags = ["--max_steps", "6", "--dropout_rate", "0.1", *adapter]

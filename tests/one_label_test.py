@@ -105,8 +105,8 @@ class StuckRunTest(absltest.TestCase):
             stderr = io.StringIO()
             with contextlib.redirect_stderr(stderr):
                 results = fine_tune_t5.main(fixtures.fine_tune_args(
-                    os.path.join(out, "run"), "--train_file", rows, "--validation_file", dev, "--max_steps", "30", "--eval_steps", "10",
-                    "--learning_rate", "1e-2", "--eval_decoding", "score"))
+                    os.path.join(out, "run"), "--train_file", rows, "--validation_file", dev, "--max_steps", "30",
+                    "--eval_steps", "10", "--learning_rate", "1e-2", "--eval_decoding", "score"))
             self.assertEqual((results["eval"]["top_label_share"], results["eval"]["one_label"]), (1.0, 1))
             with open(os.path.join(out, "run", "eval_results.json"), encoding="utf-8") as f:
                 self.assertEqual(json.load(f)["one_label"], 1)
