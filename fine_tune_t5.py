@@ -31,7 +31,7 @@ import sys
 
 from accelerate.utils import set_seed
 
-from t5_training import (adapter_record, adapters, agreement, batch_size, data, inference, loop, mixture, multitask,
+from t5_training import (adapter_record, adapters, agreement, batch_size, batching, data, inference, loop, mixture, multitask,
                          no_label, one_label, run_dir, runtime)
 from t5_training.config import parse_config
 from t5_training.errors import run_cli
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_config(FineTuneConfig, argv)
     entries = multitask.entries(config)
     resume_path = run_dir.check_output_dir(config)
-    accelerator = runtime.build_accelerator(config)
+    accelerator = runtime.build_accelerator(config, shapes=batching.compiled_shape_count(config))
     warn = runtime.warn(accelerator)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config, evaluate_only=not config.do_train)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter):
     """Prepares, resumes, trains and exports; returns the trained model and the results files' contents."""
-    longest = data.make_longest_batch(multitask.combined_train(tasks), tokenizer, start_id)
+    longest = data.make_longest_batch(multitask.combined_train(tasks), config, tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
     train_loader, eval_loaders = multitask.build_loaders(tasks, config, tokenizer, start_id,
                                                          accelerator.num_processes)

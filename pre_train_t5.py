@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Parses, builds, prepares, resumes, trains and exports; returns the final results."""
     config = parse_config(PreTrainConfig, argv)
     resume_path = run_dir.check_output_dir(config)
-    accelerator = runtime.build_accelerator(config, fixed_shapes=pretrain_data.fixed_batch_shapes(config))
+    accelerator = runtime.build_accelerator(config, shapes=1 if pretrain_data.fixed_batch_shapes(config) else None)
     set_seed(config.seed)
     tokenizer, model = load_tokenizer_and_model(config)
     collator = pretrain_data.build_collator(config, tokenizer)

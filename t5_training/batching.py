@@ -21,6 +21,31 @@ def pad_multiple() -> int:
     return GPU_PAD_MULTIPLE if runs_on_cuda() else 1
 
 
+def compile_widths(max_length: int) -> tuple[int, ...]:
+    """The widths training batches are padded to under --torch_compile: powers of two from 8, then
+    `max_length` rounded up to 8. A compiled model runs one static graph per batch shape, so the
+    shapes must be few; doubling widths pad a batch by under half its longest row (a quarter on
+    average) and give log2(max_length / 8) + 1 widths: 7 up to 512."""
+    widths = [GPU_PAD_MULTIPLE]
+    while widths[-1] < max_length:
+        widths.append(min(2 * widths[-1], -(-max_length // GPU_PAD_MULTIPLE) * GPU_PAD_MULTIPLE))
+    return tuple(widths)
+
+
+def compiled_shape_count(config) -> int:
+    """How many training batch shapes fine-tuning under --torch_compile can see: every pair of
+    source and target widths, at the full batch and at an epoch's last, smaller one."""
+    return len(compile_widths(config.max_source_length)) * len(compile_widths(config.max_target_length)) * 2
+
+
+def train_collator(config, pad_token_id: int, decoder_start_token_id: int) -> Seq2SeqCollator:
+    """The training batches' collator: to the longest row, or to `compile_widths` under --torch_compile."""
+    if config.torch_compile:
+        return Seq2SeqCollator(pad_token_id, decoder_start_token_id, pad_multiple(),
+                               compile_widths(config.max_source_length), compile_widths(config.max_target_length))
+    return Seq2SeqCollator(pad_token_id, decoder_start_token_id, pad_multiple())
+
+
 def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:
     """Decoder inputs for teacher forcing: start token, then labels without the last, -100 as pad."""
     shifted = labels.new_full(labels.shape, pad_token_id)
@@ -31,7 +56,8 @@ def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id:
 
 @dataclass(frozen=True)
 class Seq2SeqCollator:
-    """Pads a list of tokenized rows to the batch's longest row, rounded up to `pad_to_multiple_of`.
+    """Pads a list of tokenized rows to the batch's longest row, rounded up to `pad_to_multiple_of`,
+    or, where `source_widths` / `target_widths` are given, to the narrowest of them that fits it.
 
     Padding positions get `pad_token_id` in inputs and -100 in labels, so the loss ignores them.
     Fields other than token ids (text kept for reports) are dropped; `idx` is kept if present.
@@ -40,10 +66,13 @@ class Seq2SeqCollator:
     pad_token_id: int
     decoder_start_token_id: int
     pad_to_multiple_of: int = 1
+    source_widths: tuple[int, ...] = ()
+    target_widths: tuple[int, ...] = ()
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        input_ids = _pad([r["input_ids"] for r in rows], self.pad_token_id, self.pad_to_multiple_of)
-        labels = _pad([r["labels"] for r in rows], -100, self.pad_to_multiple_of)
+        input_ids = _pad([r["input_ids"] for r in rows], self.pad_token_id, self.pad_to_multiple_of,
+                         self.source_widths)
+        labels = _pad([r["labels"] for r in rows], -100, self.pad_to_multiple_of, self.target_widths)
         batch = {
             "input_ids": input_ids,
             "attention_mask": (input_ids != self.pad_token_id).long(),
@@ -55,9 +84,10 @@ class Seq2SeqCollator:
         return batch
 
 
-def _pad(sequences: list[list[int]], value: int, multiple: int) -> torch.Tensor:
+def _pad(sequences: list[list[int]], value: int, multiple: int, widths: tuple[int, ...]) -> torch.Tensor:
     longest = max(len(s) for s in sequences)
-    width = -(-longest // multiple) * multiple
+    # Rows are truncated to the widths' last, so one fits; a longer row keeps its own width.
+    width = next((w for w in widths if w >= longest), -(-longest // multiple) * multiple)
     out = np.full((len(sequences), width), value, dtype=np.int64)
     for i, s in enumerate(sequences):
         out[i, : len(s)] = s

@@ -90,6 +90,11 @@ class TrainingConfig:
     dataloader_num_workers: int = 0
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     torch_compile_backend: str = field(default="inductor", metadata={"help": "torch.compile backend."})
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = field(
+        default="default", metadata={"help": "torch.compile mode: reduce-overhead replays CUDA graphs (fewer "
+                                             "kernel launches, more memory), max-autotune also searches kernel "
+                                             "configurations (a longer compile)."}
+    )
     auto_find_batch_size: bool = field(
         default=False, metadata={"help": "Step the per-device batch down through the divisors of "
                                          "--per_device_train_batch_size (12: 6, 4, 3, 2, 1) until a worst-case "

@@ -18,7 +18,7 @@ import torch
 
 from t5_training.entries import PackageCorpus, TaskEntry
 from t5_training import device
-from t5_training.batching import Seq2SeqCollator, pad_multiple
+from t5_training.batching import Seq2SeqCollator, pad_multiple, train_collator
 from t5_training.errors import UsageError
 from t5_training.resume import batch_layout, global_batch
 from t5_training.samplers import EpochShuffleSampler, LengthGroupedSampler
@@ -254,7 +254,7 @@ def build_loaders(task: TaskData, config, tokenizer, decoder_start_token_id: int
 
 def train_loader(train: datasets.Dataset, sampler, config, tokenizer, decoder_start_token_id: int):
     """The training loader over `train`'s model columns in `sampler`'s order, --per_device_train_batch_size rows."""
-    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
+    collate = train_collator(config, tokenizer.pad_token_id, decoder_start_token_id)
     return torch.utils.data.DataLoader(
         train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=collate,
         **device.loader_workers(config),
@@ -271,9 +271,10 @@ def ordered_loaders(splits: dict, config, tokenizer, decoder_start_token_id: int
             for split, ds in splits.items()}
 
 
-def make_longest_batch(train: datasets.Dataset, tokenizer, decoder_start_token_id: int):
-    """`n -> batch` of n rows as long as the longest training input and target: the costliest step."""
+def make_longest_batch(train: datasets.Dataset, config, tokenizer, decoder_start_token_id: int):
+    """`n -> batch` of n rows as long as the longest training input and target, padded as training
+    pads them: the costliest step."""
     source = max(train["input_ids"], key=len)
     target = max(train["labels"], key=len)
-    collate = Seq2SeqCollator(tokenizer.pad_token_id, decoder_start_token_id, pad_multiple())
+    collate = train_collator(config, tokenizer.pad_token_id, decoder_start_token_id)
     return lambda n: collate([{"input_ids": source, "labels": target}] * n)

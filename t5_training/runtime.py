@@ -32,11 +32,12 @@ def resolve_mixed_precision(requested: str) -> str:
     return "bf16" if runs_on_cuda() and torch.cuda.is_bf16_supported() else "no"
 
 
-def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> Accelerator:
+def build_accelerator(config: TrainingConfig, *, shapes: int | None = None) -> Accelerator:
     """An Accelerator for the device this process trains on: gloo and `cpu=True` off a GPU.
 
-    `fixed_shapes` says that every training batch has one shape (pretraining's packed chunks), so
-    that `--torch_compile` compiles static graphs instead of symbolic ones.
+    `shapes` is how many training batch shapes there can be, for `--torch_compile`: 1 (pretraining's
+    packed chunks), a bound (fine-tuning's widths, batching.compile_widths), or None where they vary
+    without one (UL2's target widths).
 
     A process trains on the CPU where the host has no GPU or ACCELERATE_USE_CPU (which the Slurm
     scripts set on CPU nodes) says so (device.runs_on_cuda). Under `accelerate launch` with a
@@ -56,7 +57,7 @@ def build_accelerator(config: TrainingConfig, *, fixed_shapes: bool = False) -> 
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     precision = resolve_mixed_precision(config.mixed_precision)
-    dynamo = _dynamo_plugin(config, fixed_shapes)
+    dynamo = _dynamo_plugin(config, shapes)
     accelerator = Accelerator(
         cpu=on_cpu and not deepspeed,
         mixed_precision=precision,
@@ -94,16 +95,30 @@ def uses_deepspeed_zero3(accelerator: Accelerator) -> bool:
             and accelerator.state.deepspeed_plugin.zero_stage == 3)
 
 
-def _dynamo_plugin(config: TrainingConfig, fixed_shapes: bool) -> TorchDynamoPlugin | None:
+def _dynamo_plugin(config: TrainingConfig, shapes: int | None) -> TorchDynamoPlugin | None:
     """`--torch_compile`: accelerate compiles the model in `prepare` and unwraps it for saving."""
     if not config.torch_compile:
         return None
+    if config.torch_compile_mode != "default" and config.torch_compile_backend != "inductor":
+        # Other backends would ignore the mode with a warning, and the run would not be what was asked.
+        raise UsageError(f"--torch_compile_mode {config.torch_compile_mode} is a mode of the inductor backend; "
+                         f"drop it or use --torch_compile_backend inductor")
+    if shapes == 1:
+        # One shape: torch's default (None) compiles a static graph, and makes a dimension symbolic
+        # only once it changes (an epoch's last, smaller batch), not a new graph for every size.
+        dynamic = None
+    elif shapes:
+        # A few shapes: a static graph for each (what CUDA graphs need, and the fastest kernels),
+        # never one symbolic graph for all; dynamo keeps up to `recompile_limit` graphs of a frame
+        # and would run the model uncompiled beyond them.
+        dynamic = False
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+    else:
+        # Shapes without a bound: symbolic lengths at once, rather than a graph for every new length.
+        dynamic = True
     try:
-        # Where padded lengths vary from batch to batch, compile for symbolic shapes at once rather
-        # than recompiling for every new length. Where batches have one shape, torch's default
-        # (None) compiles static graphs, and makes a dimension symbolic only once it changes (an
-        # epoch's last, smaller batch), not a new graph for every size.
-        return TorchDynamoPlugin(backend=config.torch_compile_backend, dynamic=None if fixed_shapes else True)
+        return TorchDynamoPlugin(backend=config.torch_compile_backend, mode=config.torch_compile_mode,
+                                 dynamic=dynamic)
     except (ValueError, KeyError):
         raise UsageError(f"--torch_compile_backend {config.torch_compile_backend!r} is not a torch.compile backend; "
                          "use inductor (the default) or aot_eager") from None
@@ -114,7 +129,7 @@ def _check_compile_settings_took(accelerator: Accelerator, wanted: TorchDynamoPl
     # a second run in one process (main() called twice) would silently train as the first did.
     wanted = wanted or TorchDynamoPlugin()  # what accelerate builds from the environment
     have = accelerator.state.dynamo_plugin
-    if (have.backend, have.dynamic) != (wanted.backend, wanted.dynamic):
+    if (have.backend, have.mode, have.dynamic) != (wanted.backend, wanted.mode, wanted.dynamic):
         raise UsageError(f"this process already trained with other --torch_compile settings ({have.backend.value}), "
                          "which accelerate keeps for the process's lifetime; run each training in a process of its own")
 

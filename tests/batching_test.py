@@ -6,6 +6,7 @@ from absl.testing import absltest, parameterized
 
 from t5_training import batching, device
 from t5_training.config import TrainingConfig
+from t5_training.fine_tune_config import FineTuneConfig
 from tests.simulated_gpu import gpu_host
 
 
@@ -69,6 +70,33 @@ class CollatorTest(parameterized.TestCase):
         shifted = batching.shift_right(labels, decoder_start_token_id=0, pad_token_id=0)
         self.assertEqual(shifted.tolist(), [[0, 11, 12, 13], [0, 21, 1, 0]])
         self.assertEqual(labels.tolist(), [[11, 12, 13, 1], [21, 1, -100, -100]])  # not modified
+
+
+class CompileWidthsTest(parameterized.TestCase):
+    @parameterized.parameters(
+        (512, (8, 16, 32, 64, 128, 256, 512)),
+        (100, (8, 16, 32, 64, 104)),  # the last, rounded up to 8, holds a row of max_length
+        (8, (8,)),
+        (3, (8,)),
+    )
+    def test_widths_double_up_to_the_max_length(self, max_length, widths):
+        self.assertEqual(batching.compile_widths(max_length), widths)
+
+    def test_compiled_training_pads_to_the_narrowest_width_that_fits(self):
+        config = FineTuneConfig(output_dir="unused", torch_compile=True, max_source_length=100, max_target_length=8)
+        collate = batching.train_collator(config, pad_token_id=0, decoder_start_token_id=0)
+        for longest, width in [(1, 8), (8, 8), (9, 16), (33, 64), (65, 104), (100, 104)]:
+            batch = collate([{"input_ids": [5] * longest, "labels": [7, 1]}, {"input_ids": [5], "labels": [1]}])
+            self.assertEqual(batch["input_ids"].shape, (2, width))
+            self.assertEqual(batch["attention_mask"].sum().item(), longest + 1)
+            self.assertEqual(batch["labels"].tolist(), [[7, 1] + [-100] * 6, [1] + [-100] * 7])
+        # 5 source widths x 1 target width, at the full batch and an epoch's last one.
+        self.assertEqual(batching.compiled_shape_count(config), 10)
+
+    def test_uncompiled_training_pads_to_the_longest_row(self):
+        config = FineTuneConfig(output_dir="unused", max_source_length=100, max_target_length=8)
+        batch = batching.train_collator(config, 0, 0)([{"input_ids": [5] * 33, "labels": [7, 1]}])
+        self.assertEqual((batch["input_ids"].shape, batch["labels"].shape), ((1, 33), (1, 2)))
 
 
 if __name__ == "__main__":

@@ -233,3 +233,35 @@ def nan_on_steps(steps: set, accumulation: int = 1):
         return loss * float("nan") if step in steps else loss
 
     return mock.patch.object(losses, "forward_loss_sum", patched)
+
+
+@contextlib.contextmanager
+def graphs_per_step():
+    """Records each training step of `loop.train` as (its batches' shapes, the graphs torch.compile
+    made during it), to show that a compiled run compiles once per shape and never after."""
+    from torch._dynamo.utils import counters
+
+    from t5_training import loop
+
+    steps, real = [], loop.train_step
+
+    def recording(accelerator, model, optimizer, window, *args, **kwargs):
+        before = counters["stats"]["unique_graphs"]
+        loss = real(accelerator, model, optimizer, window, *args, **kwargs)
+        shapes = tuple(sorted((name, tuple(value.shape)) for batch in window for name, value in batch.items()))
+        steps.append((shapes, counters["stats"]["unique_graphs"] - before))
+        return loss
+
+    with mock.patch.object(loop, "train_step", recording):
+        yield steps
+
+
+def assert_compiled_once_per_shape(test, steps: list) -> None:
+    """The first step compiled, and no step compiled a graph for shapes an earlier step had."""
+    test.assertGreater(steps[0][1], 0, "the first step compiled nothing: the model is not compiled")
+    seen = set()
+    for number, (shapes, graphs) in enumerate(steps, 1):
+        if shapes in seen:
+            test.assertEqual(graphs, 0, f"step {number} compiled {graphs} graph(s) for shapes seen before: {shapes}")
+        seen.add(shapes)
+

@@ -263,6 +263,18 @@ class TorchCompileTest(absltest.TestCase):
                 self.assertAlmostEqual(x, y, delta=1e-4 * abs(x))
             self.assertEqual(_weights(a).keys(), _weights(b).keys())  # saved without a compile wrapper's prefix
 
+    def test_fine_tuning_compiles_once_per_padded_width_and_never_after(self):
+        # Under --torch_compile batches are padded to a few widths (batching.compile_widths), each
+        # compiled to a static graph once; 16 steps of 8 out of 100 rows cross an epoch's end.
+        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps:
+            _run(out, "--max_steps", "16", "--max_eval_samples", "8", "--group_by_length",
+                 "--torch_compile", "--torch_compile_backend", "aot_eager")
+        fixtures.assert_compiled_once_per_shape(self, steps)
+        widths = {dict(shapes)["input_ids"][1] for shapes, _ in steps}
+        self.assertLessEqual(widths, {8, 16, 32, 64})  # compile_widths(--max_source_length 64)
+        self.assertGreater(len(widths), 1)  # so that the test sees a change of shape
+        self.assertEqual({dict(shapes)["labels"][1] for shapes, _ in steps}, {8})
+
     def test_unknown_backend_is_one_line(self):
         with tempfile.TemporaryDirectory() as out:
             with self.assertRaisesRegex(UsageError, "--torch_compile_backend 'nope' is not"):

@@ -319,7 +319,18 @@ class CompileShapesTest(parameterized.TestCase):
                 mock.patch.object(pre_train_t5.runtime, "build_accelerator", side_effect=RuntimeError("built")) as build:
             with self.assertRaisesRegex(RuntimeError, "built"):
                 pre_train_t5.main(pretrain_args(out, "--objective", objective))
-        self.assertEqual(build.call_args.kwargs, {"fixed_shapes": fixed})
+        self.assertEqual(build.call_args.kwargs, {"shapes": 1 if fixed else None})
+
+
+class CompiledPretrainingTest(absltest.TestCase):
+    def test_span_corruption_compiles_at_the_first_step_and_never_after(self):
+        # One batch shape (CompileShapesTest): one compile, then the same graphs for every step.
+        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps:
+            pre_train_t5.main(pretrain_args(out, "--max_steps", "4", "--per_device_train_batch_size", "8",
+                                            "--max_eval_samples", "8", "--torch_compile",
+                                            "--torch_compile_backend", "aot_eager"))
+        fixtures.assert_compiled_once_per_shape(self, steps)
+        self.assertLen({shapes for shapes, _ in steps}, 1)
 
 
 class ConfigsTest(parameterized.TestCase):

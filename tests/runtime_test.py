@@ -95,22 +95,40 @@ class DeviceInUseTest(parameterized.TestCase):
 
 class CompileTest(parameterized.TestCase):
     @parameterized.named_parameters(
-        # Pretraining's batches all have one shape: static graphs, marked dynamic only where a
+        # Pretraining's batches all have one shape: a static graph, marked dynamic only where a
         # shape changes (torch's default), such as an epoch's last, smaller batch.
-        ("fixed_shapes", True, None),
-        # Fine-tuning pads each batch to its longest row: symbolic lengths at once, not a
-        # recompile for every new length.
-        ("varying_shapes", False, True),
+        ("one_shape", 1, None),
+        # Fine-tuning pads to a few widths under --torch_compile: a static graph for each, and
+        # room for all of them (dynamo's default keeps 8 a frame).
+        ("a_few_shapes", 40, False),
+        # UL2's targets vary without a bound: symbolic lengths at once, not a graph for every length.
+        ("shapes_without_a_bound", None, True),
     )
-    def test_dynamic_shapes_only_where_batch_shapes_vary(self, fixed_shapes, dynamic):
+    def test_static_graphs_wherever_the_batch_shapes_are_bounded(self, shapes, dynamic):
         config = TrainingConfig(output_dir="unused", torch_compile=True)
         with mock.patch.dict(os.environ), mock.patch.object(runtime, "Accelerator",
-                                                            side_effect=_accelerator_stand_in) as accelerator:
+                                                            side_effect=_accelerator_stand_in) as accelerator, \
+                mock.patch.object(torch._dynamo.config, "recompile_limit", 8):
             os.environ.pop("ACCELERATE_DYNAMO_USE_DYNAMIC", None)  # an accelerate config's choice
-            runtime.build_accelerator(config, fixed_shapes=fixed_shapes)
+            runtime.build_accelerator(config, shapes=shapes)
+            self.assertEqual(torch._dynamo.config.recompile_limit, 40 if shapes == 40 else 8)
         plugin = accelerator.call_args.kwargs["dynamo_plugin"]
         self.assertEqual((plugin.backend.value.lower(), plugin.dynamic), ("inductor", dynamic))
         self.assertEqual("dynamic" in plugin.to_kwargs(), dynamic is not None)
+
+    @parameterized.parameters("reduce-overhead", "max-autotune")
+    def test_the_compile_mode_reaches_torch_compile(self, mode):
+        config = TrainingConfig(output_dir="unused", torch_compile=True, torch_compile_mode=mode)
+        with mock.patch.object(runtime, "Accelerator", side_effect=_accelerator_stand_in) as accelerator:
+            runtime.build_accelerator(config, shapes=1)
+        self.assertEqual(accelerator.call_args.kwargs["dynamo_plugin"].to_kwargs()["mode"], mode)
+
+    def test_a_mode_with_a_backend_that_has_none_is_one_line(self):
+        config = TrainingConfig(output_dir="unused", torch_compile=True, torch_compile_backend="aot_eager",
+                                torch_compile_mode="reduce-overhead")
+        with self.assertRaisesRegex(UsageError, r"^--torch_compile_mode reduce-overhead is a mode of the inductor "
+                                                r"backend; drop it or use --torch_compile_backend inductor$"):
+            runtime.build_accelerator(config)
 
     def test_a_second_run_in_one_process_with_other_compile_settings_is_refused(self):
         # accelerate keeps the first Accelerator's compile settings for the whole process: without
