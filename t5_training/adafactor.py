@@ -41,6 +41,26 @@ def factored_dims(shape: torch.Size, min_dim_size: int = MIN_DIM_SIZE_TO_FACTOR)
     return order[0], order[1]
 
 
+# A foreach step allocates temporaries for the tensors it updates together (Adafactor: the squared
+# gradients and the updates; adamw_scale: the updates), so a group is updated in chunks of at most
+# this many elements, or its largest tensor: 64 MiB of fp32, a few chunks for a t5-base.
+FOREACH_CHUNK_ELEMENTS = 1 << 24
+
+
+def foreach_chunks(numels: list[int]) -> list[list[int]]:
+    """The indices of a group's tensors (their sizes, in order) split into runs that a foreach step
+    updates together: a run closes before the tensor that would take it over the chunk size."""
+    bound = max([FOREACH_CHUNK_ELEMENTS, *numels])
+    chunks, total = [], bound
+    for index, numel in enumerate(numels):
+        if total + numel > bound:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(index)
+        total += numel
+    return chunks
+
+
 def _rms(x: torch.Tensor) -> torch.Tensor:
     # A norm rather than x.pow(2).mean(): no temporary the size of x.
     return torch.linalg.vector_norm(x) / x.numel() ** 0.5
@@ -60,17 +80,23 @@ class T5Adafactor(torch.optim.Optimizer):
 
     The schedule (inverse square root from 1e-2 for pretraining, constant 1e-3 for fine-tuning,
     as in T5) comes from the LambdaLR in `t5_training.optim`, not from the optimizer.
+
+    `foreach` (the default) updates a group's tensors together with torch's multi-tensor ops, a
+    few kernels a step instead of about twenty a tensor (on a GPU, each one a launch); only the
+    factored moments' row and column means stay one tensor at a time. `foreach=False` is the
+    same update one tensor at a time, the reference the tests hold it to.
     """
 
     def __init__(self, params, lr: float = 1e-2, *, eps: tuple[float, float] = (1e-30, 1e-3),
                  clipping_threshold: float = 1.0, decay_exponent: float = 0.8,
                  multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = MIN_DIM_SIZE_TO_FACTOR,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, foreach: bool = True):
         if lr <= 0 or clipping_threshold <= 0 or not 0 < decay_exponent <= 1:
             raise ValueError("T5Adafactor needs lr > 0, clipping_threshold > 0 and 0 < decay_exponent <= 1")
         defaults = {"lr": lr, "eps": eps, "clipping_threshold": clipping_threshold, "decay_exponent": decay_exponent,
                     "multiply_by_parameter_scale": multiply_by_parameter_scale,
-                    "min_dim_size_to_factor": min_dim_size_to_factor, "weight_decay": weight_decay}
+                    "min_dim_size_to_factor": min_dim_size_to_factor, "weight_decay": weight_decay,
+                    "foreach": foreach}
         super().__init__(params, defaults)
 
     def step(self, closure=None):
@@ -78,47 +104,118 @@ class T5Adafactor(torch.optim.Optimizer):
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
             for group in self.param_groups:
-                eps1, eps2 = group["eps"]
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
-                    if not state:
-                        state["step"] = 0
-                        if dims:
-                            # R keeps the second-largest dimension (the mean over the largest); C the
-                            # largest. Stored with the reduced dimension kept, so they broadcast.
-                            state["row"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True)
-                            state["col"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)
-                        else:
-                            state["second_moment"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["step"] += 1
-                    # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
-                    grad = p.grad.float()
-                    value = p.float()
-                    decay = 1.0 - state["step"] ** -group["decay_exponent"]
-                    # In place wherever possible: the step's peak is one extra copy of the tensor.
-                    grad_sq = grad.square().add_(eps1)
-                    if dims:
-                        row, col = state["row"], state["col"]
-                        row.mul_(decay).add_(grad_sq.mean(dim=dims[0], keepdim=True), alpha=1 - decay)
-                        col.mul_(decay).add_(grad_sq.mean(dim=dims[1], keepdim=True), alpha=1 - decay)
-                        del grad_sq
-                        update = (row / row.mean(dim=dims[1], keepdim=True)).rsqrt_() * col.rsqrt()
-                    else:
-                        second = state["second_moment"]
-                        second.mul_(decay).add_(grad_sq, alpha=1 - decay)
-                        del grad_sq
-                        update = second.rsqrt()
-                    update.mul_(grad)
-                    update.div_((_rms(update) / group["clipping_threshold"]).clamp_(min=1.0))
-                    scale = group["lr"]
-                    if group["multiply_by_parameter_scale"]:
-                        # A tensor, not a float: reading it on the host would stall a GPU per tensor.
-                        scale = _rms(value).clamp_(min=eps2) * group["lr"]
-                    if group["weight_decay"]:
-                        value.mul_(1 - group["lr"] * group["weight_decay"])
-                    value.sub_(update.mul_(scale))
-                    p.copy_(value)
+                params = [p for p in group["params"] if p.grad is not None]
+                if not group.get("foreach", True):
+                    self._step_loop(group, params)
+                    continue
+                for chunk in foreach_chunks([p.numel() for p in params]):
+                    self._step_foreach(group, [params[i] for i in chunk])
             return loss
+
+    def _counted_state(self, p: torch.Tensor, dims: tuple[int, int] | None) -> dict:
+        """The tensor's state, created at its first step, with its step count advanced."""
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            if dims:
+                # R keeps the second-largest dimension (the mean over the largest); C the
+                # largest. Stored with the reduced dimension kept, so they broadcast.
+                state["row"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True)
+                state["col"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)
+            else:
+                state["second_moment"] = torch.zeros_like(p, dtype=torch.float32)
+        state["step"] += 1
+        return state
+
+    def _step_loop(self, group: dict, params: list[torch.Tensor]) -> None:
+        eps1, eps2 = group["eps"]
+        for p in params:
+            dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
+            state = self._counted_state(p, dims)
+            # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
+            grad = p.grad.float()
+            value = p.float()
+            decay = 1.0 - state["step"] ** -group["decay_exponent"]
+            # In place wherever possible: the step's peak is one extra copy of the tensor.
+            grad_sq = grad.square().add_(eps1)
+            if dims:
+                means = _means(grad_sq, dims)
+                del grad_sq
+                update = _factored_update(state, dims, means, decay)
+            else:
+                second = state["second_moment"]
+                second.mul_(decay).add_(grad_sq, alpha=1 - decay)
+                del grad_sq
+                update = second.rsqrt()
+            update.mul_(grad)
+            update.div_((_rms(update) / group["clipping_threshold"]).clamp_(min=1.0))
+            scale = group["lr"]
+            if group["multiply_by_parameter_scale"]:
+                # A tensor, not a float: reading it on the host would stall a GPU per tensor.
+                scale = _rms(value).clamp_(min=eps2) * group["lr"]
+            if group["weight_decay"]:
+                value.mul_(1 - group["lr"] * group["weight_decay"])
+            value.sub_(update.mul_(scale))
+            p.copy_(value)
+
+    def _step_foreach(self, group: dict, params: list[torch.Tensor]) -> None:
+        # _step_loop's update, each line over the group's tensors at once.
+        eps1, eps2 = group["eps"]
+        dims = [factored_dims(p.shape, group["min_dim_size_to_factor"]) for p in params]
+        states = [self._counted_state(p, d) for p, d in zip(params, dims)]
+        grads = [p.grad.float() for p in params]
+        values = [p.float() for p in params]  # the weights themselves where they are fp32
+        decays = [1.0 - state["step"] ** -group["decay_exponent"] for state in states]
+        grad_sq = torch._foreach_mul(grads, grads)
+        torch._foreach_add_(grad_sq, eps1)
+        # As in the loop, the squared gradients are gone before the updates take their place: the
+        # chunk's temporaries peak at one copy of it.
+        means = [_means(g, d) if d else None for g, d in zip(grad_sq, dims)]
+        whole = [i for i, d in enumerate(dims) if not d]
+        seconds = [states[i]["second_moment"] for i in whole]
+        if whole:
+            torch._foreach_mul_(seconds, [decays[i] for i in whole])
+            new = [grad_sq[i] for i in whole]
+            torch._foreach_mul_(new, [1 - decays[i] for i in whole])
+            torch._foreach_add_(seconds, new)
+            del new
+        del grad_sq
+        updates = [_factored_update(state, d, m, decay) if d else None
+                   for state, d, m, decay in zip(states, dims, means, decays)]
+        for i, update in zip(whole, torch._foreach_rsqrt(seconds) if whole else []):
+            updates[i] = update
+        torch._foreach_mul_(updates, grads)
+        roots = [p.numel() ** 0.5 for p in params]
+        clip = torch._foreach_norm(updates)
+        torch._foreach_div_(clip, roots)
+        torch._foreach_div_(clip, group["clipping_threshold"])
+        torch._foreach_clamp_min_(clip, 1.0)
+        torch._foreach_div_(updates, clip)
+        if group["multiply_by_parameter_scale"]:
+            scales = torch._foreach_norm(values)
+            torch._foreach_div_(scales, roots)
+            torch._foreach_clamp_min_(scales, eps2)
+            torch._foreach_mul_(scales, group["lr"])
+            torch._foreach_mul_(updates, scales)
+        else:
+            torch._foreach_mul_(updates, group["lr"])
+        if group["weight_decay"]:
+            torch._foreach_mul_(values, 1 - group["lr"] * group["weight_decay"])
+        torch._foreach_sub_(values, updates)
+        for p, value in zip(params, values):
+            if value is not p:
+                p.copy_(value)
+
+
+def _means(grad_sq: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The squared gradient's means over its largest and its second-largest dimension."""
+    return grad_sq.mean(dim=dims[0], keepdim=True), grad_sq.mean(dim=dims[1], keepdim=True)
+
+
+def _factored_update(state: dict, dims: tuple[int, int], means: tuple[torch.Tensor, torch.Tensor],
+                     decay: float) -> torch.Tensor:
+    """Advances the factored second moment (R and C, from `_means`) and returns 1 / sqrt(V)."""
+    row, col = state["row"], state["col"]
+    row.mul_(decay).add_(means[0], alpha=1 - decay)
+    col.mul_(decay).add_(means[1], alpha=1 - decay)
+    return (row / row.mean(dim=dims[1], keepdim=True)).rsqrt_() * col.rsqrt()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from t5_training.adafactor import T5Adafactor, closure_loss
+from t5_training.adafactor import T5Adafactor, closure_loss, foreach_chunks
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
@@ -32,7 +32,7 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
-            (no_decay if param.ndim < 2 or "layer_norm" in name else decay).append(param)
+            (decay if takes_weight_decay(name, param.ndim) else no_decay).append(param)
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -58,6 +58,11 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig,
     fused = deepspeed_config is None and all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=config.resolved_learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                              eps=config.adam_epsilon, fused=fused)
+
+
+def takes_weight_decay(name: str, ndim: int) -> bool:
+    """Whether a parameter goes in the weight-decay group: matrices, not layer-norm scales or biases."""
+    return ndim >= 2 and "layer_norm" not in name
 
 
 def _deepspeed_optimizer(groups: list[dict], config: TrainingConfig, deepspeed_config: dict) -> DummyOptim:
@@ -112,38 +117,79 @@ class AdamWScale(torch.optim.Optimizer):
     a tensor of large weights takes proportionally larger steps, so one learning rate suits
     embeddings and layer norms alike. The scale is floored at 1e-3 so that tensors starting
     near zero still move. Weight decay is decoupled, as in AdamW, and not scaled.
+
+    `foreach` (the default) updates a group's tensors together with torch's multi-tensor ops, in
+    chunks (adafactor.foreach_chunks); `foreach=False` is the same update one tensor at a time,
+    the reference the tests hold it to.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 foreach: bool = True):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "foreach": foreach})
 
     def step(self, closure=None):
         loss = closure_loss(closure)
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
             for group in self.param_groups:
-                beta1, beta2 = group["betas"]
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    if not state:
-                        state["step"] = 0
-                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["step"] += 1
-                    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                    exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                    exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                    bias1 = 1 - beta1 ** state["step"]
-                    bias2 = 1 - beta2 ** state["step"]
-                    denom = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
-                    # Kept on the device: .item() here would stall a GPU once per tensor per step.
-                    rms = p.float().pow(2).mean().sqrt().clamp_(min=1e-3).to(p.dtype)
-                    if group["weight_decay"]:
-                        p.mul_(1 - group["lr"] * group["weight_decay"])
-                    p.add_(exp_avg / denom * rms, alpha=-group["lr"] / bias1)
+                params = [p for p in group["params"] if p.grad is not None]
+                if not group.get("foreach", True):
+                    self._step_loop(group, params)
+                    continue
+                for chunk in foreach_chunks([p.numel() for p in params]):
+                    self._step_foreach(group, [params[i] for i in chunk])
             return loss
+
+    def _counted_state(self, p: torch.Tensor) -> dict:
+        """The tensor's state, created at its first step, with its step count advanced."""
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        return state
+
+    def _step_loop(self, group: dict, params: list[torch.Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        for p in params:
+            state = self._counted_state(p)
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            bias1 = 1 - beta1 ** state["step"]
+            bias2 = 1 - beta2 ** state["step"]
+            denom = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
+            # Kept on the device: .item() here would stall a GPU once per tensor per step.
+            rms = p.float().pow(2).mean().sqrt().clamp_(min=1e-3).to(p.dtype)
+            if group["weight_decay"]:
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+            p.add_(exp_avg / denom * rms, alpha=-group["lr"] / bias1)
+
+    def _step_foreach(self, group: dict, params: list[torch.Tensor]) -> None:
+        # _step_loop's update, each line over the chunk's tensors at once; one temporary per tensor.
+        beta1, beta2 = group["betas"]
+        states = [self._counted_state(p) for p in params]
+        grads = [p.grad for p in params]
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        updates = torch._foreach_div(exp_avg_sqs, [1 - beta2 ** s["step"] for s in states])
+        torch._foreach_sqrt_(updates)
+        torch._foreach_add_(updates, group["eps"])
+        torch._foreach_reciprocal_(updates)
+        torch._foreach_mul_(updates, exp_avgs)  # exp_avg / denom, in the denominators' memory
+        rms = torch._foreach_norm([p.float() for p in params])
+        torch._foreach_div_(rms, [p.numel() ** 0.5 for p in params])
+        torch._foreach_clamp_min_(rms, 1e-3)
+        torch._foreach_mul_(updates, [r.to(p.dtype) for r, p in zip(rms, params)])
+        torch._foreach_mul_(updates, [-group["lr"] / (1 - beta1 ** s["step"]) for s in states])
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        torch._foreach_add_(params, updates)
 
 
 def warmup_steps(config: TrainingConfig, total_steps: int) -> int:

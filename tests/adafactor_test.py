@@ -1,6 +1,8 @@
-"""Tests for t5_training.adafactor: Mesh TF's update rule worked by hand, and its size on a t5-small matrix."""
+"""Tests for t5_training.adafactor: Mesh TF's update rule worked by hand, its size on a t5-small matrix,
+and the multi-tensor (foreach) steps of both per-tensor optimizers against their one-tensor loops."""
 
 import math
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -8,7 +10,9 @@ import torch
 import transformers
 from transformers.optimization import Adafactor
 
+from t5_training import adafactor
 from t5_training.adafactor import T5Adafactor, factored_dims
+from t5_training.optim import AdamWScale
 
 
 def _step(param: torch.nn.Parameter, optimizer, grad) -> None:
@@ -199,7 +203,8 @@ class UpdateRuleTest(parameterized.TestCase):
         # Mesh TF's defaults as the module docstring gives them, and T5's pretraining rate 1e-2.
         self.assertEqual(T5Adafactor([torch.nn.Parameter(torch.ones(2))]).defaults,
                          {"lr": 1e-2, "eps": (1e-30, 1e-3), "clipping_threshold": 1.0, "decay_exponent": 0.8,
-                          "multiply_by_parameter_scale": True, "min_dim_size_to_factor": 128, "weight_decay": 0.0})
+                          "multiply_by_parameter_scale": True, "min_dim_size_to_factor": 128, "weight_decay": 0.0,
+                          "foreach": True})
 
     def test_the_edges_of_the_settings_are_accepted(self):
         T5Adafactor([torch.nn.Parameter(torch.ones(2))], lr=1e-9, clipping_threshold=1e-9, decay_exponent=1.0)
@@ -249,6 +254,66 @@ class T5SmallScaleTest(absltest.TestCase):
         relative = _t5_small_query_relative_update(
             lambda params: Adafactor(params, lr=1e-2, scale_parameter=False, relative_step=False))
         self.assertGreater(relative, 1.0)
+
+
+# T5's kinds of tensor: factored matrices both ways round, the relative attention bias (too narrow
+# to factor), a layer norm, a 3-D tensor, and one that gets no gradient at some steps.
+_SHAPES = [(256, 128), (128, 300), (32, 4), (64,), (3, 130, 140), (200, 129)]
+
+
+def _stepped_pair(factory, dtype=torch.float32, steps=6):
+    """Two copies of the same tensors, one stepped by factory(groups, foreach=True), one by
+    foreach=False, on the same gradients; returns both sets of weights after `steps` steps."""
+    generator = torch.Generator().manual_seed(0)
+    initial = [torch.randn(shape, generator=generator).to(dtype) for shape in _SHAPES]
+    sides = []
+    for foreach in (True, False):
+        params = [torch.nn.Parameter(x.clone()) for x in initial]
+        # Two groups as optim.build_optimizer makes them, one with weight decay.
+        sides.append((params, factory([{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:]}],
+                                      foreach=foreach)))
+    for step in range(steps):
+        grads = [torch.randn(shape, generator=generator).to(dtype) for shape in _SHAPES]
+        for params, optimizer in sides:
+            for i, (param, grad) in enumerate(zip(params, grads)):
+                # The last tensor misses every other step: its step count falls behind the others'.
+                param.grad = None if i == len(params) - 1 and step % 2 else grad.clone()
+            optimizer.step()
+    return [p.detach().float() for p in sides[0][0]], [p.detach().float() for p in sides[1][0]]
+
+
+class ForeachTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("adafactor", lambda groups, foreach: T5Adafactor(groups, lr=1e-2, foreach=foreach)),
+        ("adafactor_without_parameter_scale",
+         lambda groups, foreach: T5Adafactor(groups, lr=1e-2, multiply_by_parameter_scale=False, foreach=foreach)),
+        ("adamw_scale", lambda groups, foreach: AdamWScale(groups, lr=1e-2, foreach=foreach)),
+    )
+    def test_the_foreach_step_is_the_loop_to_1e_6(self, factory):
+        # In chunks of 40,000 elements too: the tensors then step in four chunks, not one.
+        for chunk in (adafactor.FOREACH_CHUNK_ELEMENTS, 40_000):
+            with mock.patch.object(adafactor, "FOREACH_CHUNK_ELEMENTS", chunk):
+                together, alone = _stepped_pair(factory)
+            for a, b, initial in zip(together, alone, _stepped_pair(factory, steps=0)[0]):
+                self.assertFalse(torch.equal(b, initial))  # every tensor moved
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+    def test_bf16_weights_step_alike_too(self):
+        # Adafactor updates bf16 weights through fp32 copies; the copies must reach the weights.
+        together, alone = _stepped_pair(lambda groups, foreach: T5Adafactor(groups, foreach=foreach),
+                                        dtype=torch.bfloat16)
+        for a, b in zip(together, alone):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    @parameterized.named_parameters(
+        ("one_chunk", [5, 5, 5], 16, [[0, 1, 2]]),
+        ("closes_before_the_tensor_that_would_overflow", [6, 6, 6, 2], 16, [[0, 1], [2, 3]]),
+        ("a_tensor_larger_than_the_chunk_sets_the_bound", [30, 5, 20, 5], 16, [[0], [1, 2, 3]]),
+        ("none", [], 16, []),
+    )
+    def test_chunks(self, numels, chunk, expected):
+        with mock.patch.object(adafactor, "FOREACH_CHUNK_ELEMENTS", chunk):
+            self.assertEqual(adafactor.foreach_chunks(numels), expected)
 
 
 if __name__ == "__main__":

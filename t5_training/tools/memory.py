@@ -24,9 +24,10 @@ modeling_t5.py (`t5_training.tools.activation_memory`, which gives the bytes per
 with the peak followed through the backward pass rather than summed.
 
 The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
-that optim.py builds; per-tensor optimizers hold copies of the largest tensor (adamw_scale 3,
-T5's Adafactor 1, HF's 2); DeepSpeed's unfused client AdamW copies its partition (foreach on a
-GPU once, per tensor on a CPU twice). Not counted: the
+that optim.py builds; one copy of the largest chunk of tensors that T5's Adafactor and adamw_scale
+update together (adafactor.foreach_chunks: 64 MiB, or the largest tensor); two copies of the
+largest tensor for HF's Adafactor; DeepSpeed's unfused client AdamW copies its partition (foreach
+on a GPU once, per tensor on a CPU twice). Not counted: the
 CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
 With `--peft` (fine_tune_t5.py's adapter flags) every base weight is frozen and the adapter's own
 parameters train; `adapter_memory` puts the adapter on the meta model with peft and traces its layers.
@@ -46,7 +47,8 @@ import torch
 
 from t5_training import adapters
 from t5_training.tools import activation_memory, adapter_memory, autograd_tape
-from t5_training.adafactor import factored_dims
+from t5_training.adafactor import factored_dims, foreach_chunks
+from t5_training.optim import takes_weight_decay
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import resolve_config_name
@@ -165,19 +167,29 @@ def _optimizer_state(shapes: list[tuple[int, ...]], optim: str, flat: bool) -> i
     return total
 
 
-def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, partition: int) -> int:
+def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, chunk: int, partition: int) -> int:
     """Bytes an optimizer step allocates beyond weights, gradients and state (measured on a CPU).
 
     optim.py builds fused AdamW outside DeepSpeed: one kernel in place, nothing extra. DeepSpeed
     drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
-    per tensor on a CPU (two). The per-tensor optimizers hold, at their peak, copies of the tensor
-    they are updating: adamw_scale three, T5's Adafactor one, HF's Adafactor two.
+    per tensor on a CPU (two). T5's Adafactor and adamw_scale step a chunk of tensors at a time
+    (adafactor.foreach_chunks) and hold one copy of it at their peak; HF's Adafactor, per tensor,
+    two copies of the tensor it is updating.
     """
     if optim == "adamw_torch":
         if not zero_stage:
             return 0
         return 4 * partition * (1 if device == "cuda" else 2)
-    return 4 * largest * {"adamw_scale": 3, "adafactor": 1, "adafactor_hf": 2}[optim]
+    return 4 * (2 * largest if optim == "adafactor_hf" else chunk)
+
+
+def _largest_chunk(shapes: dict[str, tuple[int, ...]], learn: list[str]) -> int:
+    """Elements in the largest chunk a foreach step updates at once: chunks form within each of
+    optim.build_optimizer's two groups, in the model's order."""
+    groups = ([n for n in learn if takes_weight_decay(n, len(shapes[n]))],
+              [n for n in learn if not takes_weight_decay(n, len(shapes[n]))])
+    sizes = [[math.prod(shapes[n]) for n in group] for group in groups]
+    return max(sum(numels[i] for i in chunk) for numels in sizes for chunk in foreach_chunks(numels))
 
 
 def estimate(model_config, *, batch_size: int, source_length: int, target_length: int, precision: str = "fp32",
@@ -221,8 +233,10 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
     optimizer_state = shard(_optimizer_state([shapes[n] for n in learn], optim, flat=zero_stage > 0)
                             + (4 * n_learn if pure16 else 0), 1)  # DeepSpeed's fp32 master weights
 
+    # DeepSpeed hands the optimizer flat partitions: one tensor, one chunk.
     largest = shard(n_learn, 1) if zero_stage else max(math.prod(shapes[n]) for n in learn)
-    step_temporaries = _step_temporaries(optim, device, zero_stage, largest, shard(n_learn, 1))
+    chunk = shard(n_learn, 1) if zero_stage else _largest_chunk(shapes, learn)
+    step_temporaries = _step_temporaries(optim, device, zero_stage, largest, chunk, shard(n_learn, 1))
     if pure16:
         step_temporaries += 4 * shard(n_learn, 1)  # the fp32 gradient partition
 
