@@ -66,22 +66,47 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x) / x.numel() ** 0.5
 
 
-def closure_loss(closure):
+def _closure_loss(closure):
     """What `step(closure)` returns, as torch.optim's optimizers do: the closure recomputes the loss and
-    its gradients, so it runs with autograd on (shared with optim.AdamWScale)."""
+    its gradients, so it runs with autograd on."""
     if closure is None:
         return None
     with torch.enable_grad():
         return closure()
 
 
-class T5Adafactor(torch.optim.Optimizer):
+class ForeachOptimizer(torch.optim.Optimizer):
+    """A per-tensor update rule (T5's Adafactor, optim.AdamWScale) stepped over each group in
+    chunks with torch's multi-tensor ops (`update_together`), or, where the group's `foreach` is
+    False, one tensor at a time (`update_each`: the reference the tests hold the other to)."""
+
+    def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
+        with torch.no_grad():
+            for group in self.param_groups:
+                params = [p for p in group["params"] if p.grad is not None]
+                if not group.get("foreach", True):
+                    self.update_each(group, params)
+                    continue
+                for chunk in foreach_chunks([p.numel() for p in params]):
+                    self.update_together(group, [params[i] for i in chunk])
+            return loss
+
+
+class T5Adafactor(ForeachOptimizer):
     """Mesh TensorFlow's Adafactor with T5's defaults; `lr` is the absolute learning rate.
 
     The schedule (inverse square root from 1e-2 for pretraining, constant 1e-3 for fine-tuning,
     as in T5) comes from the LambdaLR in `t5_training.optim`, not from the optimizer.
 
-    `foreach` (the default) updates a group's tensors together with torch's multi-tensor ops, a
+    `foreach` (the default, ForeachOptimizer) updates a group's tensors together with torch's multi-tensor ops, a
     few kernels a step instead of about twenty a tensor (on a GPU, each one a launch); only the
     factored moments' row and column means stay one tensor at a time. `foreach=False` is the
     same update one tensor at a time, the reference the tests hold it to.
@@ -99,19 +124,6 @@ class T5Adafactor(torch.optim.Optimizer):
                     "foreach": foreach}
         super().__init__(params, defaults)
 
-    def step(self, closure=None):
-        loss = closure_loss(closure)
-        # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
-        with torch.no_grad():
-            for group in self.param_groups:
-                params = [p for p in group["params"] if p.grad is not None]
-                if not group.get("foreach", True):
-                    self._step_loop(group, params)
-                    continue
-                for chunk in foreach_chunks([p.numel() for p in params]):
-                    self._step_foreach(group, [params[i] for i in chunk])
-            return loss
-
     def _counted_state(self, p: torch.Tensor, dims: tuple[int, int] | None) -> dict:
         """The tensor's state, created at its first step, with its step count advanced."""
         state = self.state[p]
@@ -127,7 +139,7 @@ class T5Adafactor(torch.optim.Optimizer):
         state["step"] += 1
         return state
 
-    def _step_loop(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
         eps1, eps2 = group["eps"]
         for p in params:
             dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
@@ -158,8 +170,8 @@ class T5Adafactor(torch.optim.Optimizer):
             value.sub_(update.mul_(scale))
             p.copy_(value)
 
-    def _step_foreach(self, group: dict, params: list[torch.Tensor]) -> None:
-        # _step_loop's update, each line over the group's tensors at once.
+    def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
+        # update_each's update, each line over the group's tensors at once.
         eps1, eps2 = group["eps"]
         dims = [factored_dims(p.shape, group["min_dim_size_to_factor"]) for p in params]
         states = [self._counted_state(p, d) for p, d in zip(params, dims)]

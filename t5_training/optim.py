@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from t5_training.adafactor import T5Adafactor, closure_loss, foreach_chunks
+from t5_training.adafactor import ForeachOptimizer, T5Adafactor
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
@@ -110,7 +110,7 @@ def _same_numbers(a, b) -> bool:
         return False
 
 
-class AdamWScale(torch.optim.Optimizer):
+class AdamWScale(ForeachOptimizer):
     """AdamW whose step for each tensor is scaled by that tensor's root-mean-square.
 
     Adafactor's relative step size on top of Adam's moments (nanoT5 pretrains T5 this way):
@@ -128,19 +128,6 @@ class AdamWScale(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "foreach": foreach})
 
-    def step(self, closure=None):
-        loss = closure_loss(closure)
-        # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
-        with torch.no_grad():
-            for group in self.param_groups:
-                params = [p for p in group["params"] if p.grad is not None]
-                if not group.get("foreach", True):
-                    self._step_loop(group, params)
-                    continue
-                for chunk in foreach_chunks([p.numel() for p in params]):
-                    self._step_foreach(group, [params[i] for i in chunk])
-            return loss
-
     def _counted_state(self, p: torch.Tensor) -> dict:
         """The tensor's state, created at its first step, with its step count advanced."""
         state = self.state[p]
@@ -151,7 +138,7 @@ class AdamWScale(torch.optim.Optimizer):
         state["step"] += 1
         return state
 
-    def _step_loop(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]
         for p in params:
             state = self._counted_state(p)
@@ -167,8 +154,8 @@ class AdamWScale(torch.optim.Optimizer):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
             p.add_(exp_avg / denom * rms, alpha=-group["lr"] / bias1)
 
-    def _step_foreach(self, group: dict, params: list[torch.Tensor]) -> None:
-        # _step_loop's update, each line over the chunk's tensors at once; one temporary per tensor.
+    def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
+        # update_each's update, each line over the chunk's tensors at once; one temporary per tensor.
         beta1, beta2 = group["betas"]
         states = [self._counted_state(p) for p in params]
         grads = [p.grad for p in params]
