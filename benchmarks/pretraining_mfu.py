@@ -91,6 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the CPUs this process has)")
     parser.add_argument("--mixed_precision", default="auto", choices=["auto", "no", "bf16"],
                         help="as --mixed_precision of the scripts: auto is bf16 on a GPU that has it, else fp32")
+    parser.add_argument("--torch_compile", action="store_true",
+                        help="compile the model as pre_train_t5.py --torch_compile does (a static graph per batch "
+                             "size; the warm-up steps, at least 2, include the compile)")
+    parser.add_argument("--torch_compile_mode", default="default",
+                        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
     parser.add_argument("--output", default=None, help="results JSON (default: runs/pretraining_mfu[_quick].json)")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -102,6 +107,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.torch_compile:
+        args.warmup = max(args.warmup, 2)  # the first compiles forward and backward; the second runs them
     args.profile_batch_size = args.profile_batch_size or max(args.batch_sizes)
     args.variants_batch_size = args.variants_batch_size or min(args.batch_sizes)
     return args
@@ -141,6 +148,10 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
 def measure_batch_sizes(args, accelerator, model, optimizer, config, source: int, target: int) -> list[dict]:
     per_batch = []
     for batch_size in args.batch_sizes:
+        if args.torch_compile:
+            # A pretraining run has one batch size: a static graph for it, not a symbolic one
+            # (which a second size would make without the reset).
+            torch._dynamo.reset()
         batch = random_batch(batch_size, source, target, config.vocab_size, accelerator.device)
         times, busy = time_steps(accelerator, model, optimizer, batch, args.warmup, args.steps)
         per_batch.append({"batch_size": batch_size,
@@ -215,17 +226,19 @@ def main(argv=None) -> dict:
     raw_length, target = compute_input_and_target_lengths(args.input_length, 0.15, 3.0)
     source = args.input_length
     run_config = TrainingConfig(output_dir=os.path.join(REPO, "runs", "pretraining_mfu_run"), optim="adamw_torch",
-                                learning_rate=1e-4, mixed_precision=args.mixed_precision)
-    accelerator = runtime.build_accelerator(run_config)
+                                learning_rate=1e-4, mixed_precision=args.mixed_precision,
+                                torch_compile=args.torch_compile, torch_compile_mode=args.torch_compile_mode)
+    accelerator = runtime.build_accelerator(run_config, shapes=1)
     precision = runtime.resolve_mixed_precision(args.mixed_precision)
     config = AutoConfig.from_pretrained(args.model_config, dropout_rate=0.0)
     model, optimizer = build(config, run_config, accelerator)
     parameters, attention = model.num_parameters(), model.config._attn_implementation
     print(f"{os.path.relpath(args.model_config, REPO)}: {parameters / 1e6:.1f}M parameters, attention {attention}; "
           f"{raw_length} raw tokens -> {source} inputs, {target} targets; {precision if precision != 'no' else 'fp32'} "
-          f"on {accelerator.device} with {args.threads} threads", flush=True)
+          f"on {accelerator.device} with {args.threads} threads"
+          f"{f', compiled ({args.torch_compile_mode})' if args.torch_compile else ''}", flush=True)
 
-    flop_check = check_flops(accelerator.unwrap_model(model), config,
+    flop_check = check_flops(accelerator.unwrap_model(model, keep_torch_compile=False), config,
                              random_batch(1, source, target, config.vocab_size, accelerator.device))
     print(f"FLOPs per sequence: analytic {flop_check['analytic_forward'] / 1e9:.3f} G forward, "
           f"{flop_check['analytic_train_step'] / 1e9:.3f} G step; FlopCounterMode "
@@ -255,6 +268,7 @@ def main(argv=None) -> dict:
     results = {"model_config": os.path.relpath(args.model_config, REPO), "quick": args.quick,
                "parameters": parameters, "attention_implementation": attention, "precision": precision,
                "device": str(accelerator.device), "threads": args.threads, "torch_version": torch.__version__,
+               "torch_compile": args.torch_compile, "torch_compile_mode": args.torch_compile_mode,
                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "raw_length": raw_length,
                "source_length": source, "target_length": target, "warmup_steps": args.warmup,
                "timed_steps": args.steps, "flop_check": flop_check, "peak_flops_per_second": peak,

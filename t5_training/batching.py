@@ -32,18 +32,31 @@ def compile_widths(max_length: int) -> tuple[int, ...]:
     return tuple(widths)
 
 
-def compiled_shape_count(config) -> int:
-    """How many training batch shapes fine-tuning under --torch_compile can see: every pair of
-    source and target widths, at the full batch and at an epoch's last, smaller one."""
-    return len(compile_widths(config.max_source_length)) * len(compile_widths(config.max_target_length)) * 2
+def compiled_widths(config) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The source and target widths training batches are padded to: under --torch_compile on a
+    GPU, `compile_widths` of the max lengths; None otherwise (the batch's longest row).
+
+    Only on a GPU: static graphs are the fastest kernels there and what CUDA graphs
+    (--torch_compile_mode reduce-overhead) need, and its batches are padded to 8 anyway. On a CPU
+    padding costs its full share of compute: on SST-2 (t5-tiny, batch 32), widths ran at 0.58x
+    eager's speed, most of it the LM head over 8 target positions instead of 2 or 3, while one
+    graph for symbolic lengths ran at 1.03x (benchmarks/compile_speed.py, docs/performance.md).
+    """
+    if not (config.torch_compile and runs_on_cuda()):
+        return None
+    return compile_widths(config.max_source_length), compile_widths(config.max_target_length)
+
+
+def compiled_shape_count(config) -> int | None:
+    """How many training batch shapes fine-tuning can see where `compiled_widths` pads them: every
+    pair of widths, at the full batch and at an epoch's last, smaller one. None where shapes vary."""
+    widths = compiled_widths(config)
+    return None if widths is None else len(widths[0]) * len(widths[1]) * 2
 
 
 def train_collator(config, pad_token_id: int, decoder_start_token_id: int) -> Seq2SeqCollator:
-    """The training batches' collator: to the longest row, or to `compile_widths` under --torch_compile."""
-    if config.torch_compile:
-        return Seq2SeqCollator(pad_token_id, decoder_start_token_id, pad_multiple(),
-                               compile_widths(config.max_source_length), compile_widths(config.max_target_length))
-    return Seq2SeqCollator(pad_token_id, decoder_start_token_id, pad_multiple())
+    """The training batches' collator: to the longest row, or to `compiled_widths` where they apply."""
+    return Seq2SeqCollator(pad_token_id, decoder_start_token_id, pad_multiple(), *(compiled_widths(config) or ()))
 
 
 def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:

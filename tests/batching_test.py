@@ -82,21 +82,32 @@ class CompileWidthsTest(parameterized.TestCase):
     def test_widths_double_up_to_the_max_length(self, max_length, widths):
         self.assertEqual(batching.compile_widths(max_length), widths)
 
-    def test_compiled_training_pads_to_the_narrowest_width_that_fits(self):
+    def test_compiled_training_on_a_gpu_pads_to_the_narrowest_width_that_fits(self):
         config = FineTuneConfig(output_dir="unused", torch_compile=True, max_source_length=100, max_target_length=8)
-        collate = batching.train_collator(config, pad_token_id=0, decoder_start_token_id=0)
+        with gpu_host():
+            collate = batching.train_collator(config, pad_token_id=0, decoder_start_token_id=0)
+            # 5 source widths x 1 target width, at the full batch and an epoch's last one.
+            self.assertEqual(batching.compiled_shape_count(config), 10)
         for longest, width in [(1, 8), (8, 8), (9, 16), (33, 64), (65, 104), (100, 104)]:
             batch = collate([{"input_ids": [5] * longest, "labels": [7, 1]}, {"input_ids": [5], "labels": [1]}])
             self.assertEqual(batch["input_ids"].shape, (2, width))
             self.assertEqual(batch["attention_mask"].sum().item(), longest + 1)
             self.assertEqual(batch["labels"].tolist(), [[7, 1] + [-100] * 6, [1] + [-100] * 7])
-        # 5 source widths x 1 target width, at the full batch and an epoch's last one.
-        self.assertEqual(batching.compiled_shape_count(config), 10)
 
-    def test_uncompiled_training_pads_to_the_longest_row(self):
-        config = FineTuneConfig(output_dir="unused", max_source_length=100, max_target_length=8)
-        batch = batching.train_collator(config, 0, 0)([{"input_ids": [5] * 33, "labels": [7, 1]}])
-        self.assertEqual((batch["input_ids"].shape, batch["labels"].shape), ((1, 33), (1, 2)))
+    @parameterized.named_parameters(
+        ("uncompiled_on_a_cpu", False, False), ("uncompiled_on_a_gpu", False, True),
+        # On a CPU padding costs its full share: one graph for symbolic lengths instead.
+        ("compiled_on_a_cpu", True, False),
+    )
+    def test_other_training_pads_to_the_longest_row(self, compiled, gpu):
+        config = FineTuneConfig(output_dir="unused", torch_compile=compiled, max_source_length=100,
+                                max_target_length=8)
+        with gpu_host() if gpu else gpu_host(ACCELERATE_USE_CPU="1"):
+            collate = batching.train_collator(config, 0, 0)
+            self.assertIsNone(batching.compiled_shape_count(config))
+        batch = collate([{"input_ids": [5] * 33, "labels": [7, 1]}])
+        width = 40 if gpu else 33  # rounded up to 8 on a GPU (GPU_PAD_MULTIPLE)
+        self.assertEqual((batch["input_ids"].shape, batch["labels"].shape), ((1, width), (1, 8 if gpu else 2)))
 
 
 if __name__ == "__main__":

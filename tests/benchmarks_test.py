@@ -117,6 +117,22 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertTrue(mixture["check"].startswith("ok"))
         self.assertGreater(mixture["ratio"], 0)
 
+    def test_compile_speed(self):
+        # aot_eager: the benchmark's wiring, without inductor's C++ compile time.
+        results = self.run_quick("compile_speed.py", "--backend", "aot_eager", "--work_dir", self.dir)
+        runs = {run["side"]: run for run in results["runs"]}
+        self.assertEqual(sorted(runs), sorted(["pretraining eager", "pretraining compiled", "fine-tuning eager",
+                                               "fine-tuning compiled, widths", "fine-tuning compiled, symbolic"]))
+        for side, run in runs.items():
+            self.assertLen(run["step_seconds"], 8)
+            self.assertEqual(run["graphs"] > 0, "compiled" in side, side)  # eager compiles nothing
+            self.assertGreater(run["steady_ms"], 0)
+        # One shape in pretraining; symbolic lengths in fine-tuning: one compile each, at the first step.
+        for side in ("pretraining compiled", "fine-tuning compiled, symbolic"):
+            self.assertEqual(runs[side]["graphs_per_step"][1:], [0] * 7, side)
+        self.assertEqual(sorted(results["compiled_over_eager"]), ["fine-tuning, symbolic", "fine-tuning, widths",
+                                                                  "pretraining"])
+
     def test_memory_estimator(self):
         results = self.run_quick("memory_estimator.py", subprocess_=True)
         self.assertEqual((results["device"], results["steps"]), ("cpu", 2))

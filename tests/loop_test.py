@@ -245,6 +245,42 @@ class HostSyncTest(absltest.TestCase):
         # Two logging steps, each reading the losses and the counts once.
         self.assertEqual(reads.count("flush"), 4, reads)
 
+    def test_no_cuda_sync_inside_a_step_but_the_models_own(self):
+        # On a GPU, what the test above checks by name, CUDA itself checks: every synchronizing
+        # call made inside a step warns. The model's own read of its attention mask (transformers'
+        # masking utilities decide there whether SDPA may skip the mask) is the one allowed.
+        if not torch.cuda.is_available():
+            self.skipTest("needs a GPU: T5_TRAINING_TEST_DEVICE=cuda (tools/gpu_check.sh runs it)")
+        import warnings
+
+        import transformers
+        syncs, calls = [], []
+
+        def checked(real):  # real(...) with CUDA warning at every synchronizing call, the warnings kept
+            def run(*args, **kwargs):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        result = real(*args, **kwargs)
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                syncs.extend(w for w in caught if "synchroniz" in str(w.message))
+                calls.append(real.__name__)
+                return result
+            return run
+
+        with tempfile.TemporaryDirectory() as out, \
+                mock.patch.object(loop, "train_step", checked(loop.train_step)), \
+                mock.patch.object(loop, "window_counts", checked(loop.window_counts)):
+            _run(out, "--max_steps", "4", "--logging_steps", "4", "--gradient_accumulation_steps", "2")
+        self.assertEqual(sorted(calls), ["train_step"] * 4 + ["window_counts"] * 4)
+        checked(lambda: torch.ones(1, device="cuda").item())()  # a read: the check sees it
+        self.assertTrue(syncs and syncs[-1].filename == __file__, [str(w.message) for w in syncs])
+        syncs.pop()
+        model_code = os.path.dirname(transformers.__file__)
+        self.assertEqual([f"{w.filename}:{w.lineno}" for w in syncs if not w.filename.startswith(model_code)], [])
+
 
 class TorchCompileTest(absltest.TestCase):
     def test_compiled_run_matches_eager(self):
@@ -263,10 +299,12 @@ class TorchCompileTest(absltest.TestCase):
                 self.assertAlmostEqual(x, y, delta=1e-4 * abs(x))
             self.assertEqual(_weights(a).keys(), _weights(b).keys())  # saved without a compile wrapper's prefix
 
-    def test_fine_tuning_compiles_once_per_padded_width_and_never_after(self):
-        # Under --torch_compile batches are padded to a few widths (batching.compile_widths), each
-        # compiled to a static graph once; 16 steps of 8 out of 100 rows cross an epoch's end.
-        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps:
+    def test_fine_tuning_on_a_gpu_compiles_once_per_padded_width_and_never_after(self):
+        # On a GPU, batches are padded to a few widths (batching.compiled_widths), each compiled
+        # to a static graph once; run here on the CPU with the GPU's padding. 16 steps of 8 out of
+        # 100 rows cross an epoch's end.
+        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps, \
+                mock.patch("t5_training.batching.runs_on_cuda", return_value=True):
             _run(out, "--max_steps", "16", "--max_eval_samples", "8", "--group_by_length",
                  "--torch_compile", "--torch_compile_backend", "aot_eager")
         fixtures.assert_compiled_once_per_shape(self, steps)
@@ -274,6 +312,15 @@ class TorchCompileTest(absltest.TestCase):
         self.assertLessEqual(widths, {8, 16, 32, 64})  # compile_widths(--max_source_length 64)
         self.assertGreater(len(widths), 1)  # so that the test sees a change of shape
         self.assertEqual({dict(shapes)["labels"][1] for shapes, _ in steps}, {8})
+
+    def test_fine_tuning_on_a_cpu_compiles_one_graph_for_every_length(self):
+        # On a CPU batches keep their longest row's width, compiled once for symbolic lengths.
+        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps:
+            _run(out, "--max_steps", "16", "--max_eval_samples", "8", "--group_by_length",
+                 "--torch_compile", "--torch_compile_backend", "aot_eager")
+        fixtures.assert_compiled_once_per_shape(self, steps)
+        self.assertGreater(len({shapes for shapes, _ in steps}), 4)
+        self.assertEqual(sum(graphs for _, graphs in steps), steps[0][1])  # all at the first step
 
     def test_unknown_backend_is_one_line(self):
         with tempfile.TemporaryDirectory() as out:
