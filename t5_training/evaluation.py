@@ -20,7 +20,7 @@ from t5_training.batching import shift_right
 from t5_training.data import in_row_order
 from t5_training.errors import UsageError
 from t5_training.losses import row_cross_entropy
-from t5_training.runtime import uses_deepspeed_zero3
+from t5_training.sharding import root_weights_gathered, shards_weights
 from t5_training.tasks import kind_of, make_scorer, metric_key, target_text
 
 
@@ -32,12 +32,12 @@ class SplitPredictions:
 
 def resolve_decoding(requested: str, entry, accelerator) -> str:
     """`--eval_decoding`: 'score' for classification (where it gives greedy's exact predictions), else 'generate'."""
-    # Under ZeRO-3 every process must run the same forward passes, which generation already
-    # arranges (synced_gpus) and the scorer's fallback to generation would not.
+    # With sharded weights every process must run the same forward passes, which generation
+    # already arranges (synced_gpus) and the scorer's fallback to generation would not.
     closed = kind_of(entry).closed_label_set
-    scorable = closed and not uses_deepspeed_zero3(accelerator)
+    scorable = closed and not shards_weights(accelerator)
     if requested == "score" and not scorable:
-        why = "under ZeRO-3" if closed else f"for a {entry.kind} task"
+        why = "with sharded weights (ZeRO-3, FSDP)" if closed else f"for a {entry.kind} task"
         raise UsageError(f"--eval_decoding score scores label candidates, which does not work {why}; "
                          "use --eval_decoding generate (or auto)")
     if requested == "auto":
@@ -83,6 +83,11 @@ class GreedyDecoder:
 
     def __call__(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(predicted token ids padded with the pad id, per-row summed target loss, per-row target tokens)."""
+        # FSDP's root weights are gathered around the direct calls below (sharding.py).
+        with root_weights_gathered(model):
+            return self._decode(model, batch, synced=shards_weights(self.accelerator, model))
+
+    def _decode(self, model, batch: dict, synced: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # The encoder runs once here (with a prompt-tuned model's soft tokens in front), and
         # the decoder passes below call the transformers model under any peft wrapper.
         # Without torch.compile's wrapper too, which would hide a peft model from the checks on its type.
@@ -92,7 +97,7 @@ class GreedyDecoder:
         if self.candidates is None:
             row_loss, row_tokens = self._teacher_forced(unwrapped, encoded, mask, batch)
             everything = torch.ones(len(mask), dtype=torch.bool, device=mask.device)
-            return self._generate(unwrapped, encoded, mask, everything), row_loss, row_tokens
+            return self._generate(unwrapped, encoded, mask, everything, synced), row_loss, row_tokens
 
         (k, width), rows = self.candidates.shape, len(mask)
         labels = self.candidates.repeat(rows, 1)  # row r's candidate c at r * k + c
@@ -116,7 +121,7 @@ class GreedyDecoder:
         unmatched = ~follows.any(dim=1)
         if not unmatched.any():
             return predicted, row_loss, row_tokens
-        generated = self._generate(unwrapped, encoded, mask, unmatched)
+        generated = self._generate(unwrapped, encoded, mask, unmatched, synced)
         width = max(width, generated.size(1))
         predicted = F.pad(predicted, (0, width - predicted.size(1)), value=self.pad)
         predicted[unmatched] = F.pad(generated, (0, width - generated.size(1)), value=self.pad)
@@ -147,13 +152,14 @@ class GreedyDecoder:
             return None
         return same.int().argmax(dim=1)
 
-    def _generate(self, unwrapped, encoded: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def _generate(self, unwrapped, encoded: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+                  synced: bool) -> torch.Tensor:
         self.generated_rows += int(rows.sum())
         generated = unwrapped.generate(
             encoder_outputs=BaseModelOutput(last_hidden_state=encoded[rows]), attention_mask=mask[rows],
             max_new_tokens=self.max_new_tokens, num_beams=1, do_sample=False,
-            # Under ZeRO-3 every process must run the same number of forward passes.
-            synced_gpus=uses_deepspeed_zero3(self.accelerator),
+            # With sharded weights every process must run the same number of forward passes.
+            synced_gpus=synced,
         )
         return generated[:, 1:]  # without the decoder start token
 

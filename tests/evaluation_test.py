@@ -14,6 +14,7 @@ from unittest import mock
 import torch
 from absl.testing import absltest, parameterized
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 import fine_tune_t5
 from t5_training import adapters, batching, data, evaluation, modeling
@@ -198,13 +199,17 @@ class ResolveDecodingTest(parameterized.TestCase):
         accelerator = Accelerator(cpu=True)
         self.assertEqual(evaluation.resolve_decoding(requested, get_entry("glue", task), accelerator), expected)
 
-    def test_under_zero3_classification_is_generated(self):
-        # Every process must run the same forward passes (runtime.uses_deepspeed_zero3): no scoring.
-        with mock.patch.object(evaluation, "uses_deepspeed_zero3", return_value=True):
-            self.assertEqual(evaluation.resolve_decoding("auto", get_entry("glue", "sst2"), None), "generate")
-            with self.assertRaisesRegex(UsageError, "^--eval_decoding score scores label candidates, which does not "
-                                                    "work under ZeRO-3; use --eval_decoding generate"):
-                evaluation.resolve_decoding("score", get_entry("glue", "sst2"), None)
+    @parameterized.named_parameters(
+        ("zero3", DistributedType.DEEPSPEED, 3), ("fsdp", DistributedType.FSDP, None))
+    def test_with_sharded_weights_classification_is_generated(self, distributed_type, zero_stage):
+        # Every process must run the same forward passes (sharding.shards_weights): no scoring.
+        accelerator = mock.Mock(distributed_type=distributed_type)
+        accelerator.state.deepspeed_plugin.zero_stage = zero_stage
+        self.assertEqual(evaluation.resolve_decoding("auto", get_entry("glue", "sst2"), accelerator), "generate")
+        with self.assertRaisesRegex(UsageError, r"^--eval_decoding score scores label candidates, which does not "
+                                                r"work with sharded weights \(ZeRO-3, FSDP\); use --eval_decoding "
+                                                r"generate"):
+            evaluation.resolve_decoding("score", get_entry("glue", "sst2"), accelerator)
 
     def test_score_refused_for_regression(self):
         with self.assertRaisesRegex(UsageError, "regression task.*--eval_decoding generate"):
