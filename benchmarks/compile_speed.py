@@ -64,7 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work_dir", default=None, help="default: runs/compile_speed[_quick]")
     parser.add_argument("--output", default=None, help="results JSON (default: WORK_DIR/results.json)")
     args = parser.parse_args(argv)
-    defaults = {"vocab_size": 1000 if args.quick else 8000, "steps": 8 if args.quick else 60, "warmup": 1 if args.quick else 5, "repeats": 1 if args.quick else 3,
+    defaults = {"vocab_size": 1000 if args.quick else 8000, "steps": 8 if args.quick else 60,
+                "warmup": 1 if args.quick else 5, "repeats": 1 if args.quick else 3,
                 "work_dir": os.path.join(REPO, "runs", "compile_speed" + ("_quick" if args.quick else ""))}
     for name, value in defaults.items():
         if getattr(args, name) is None:

@@ -46,7 +46,8 @@ leaves out the time other processes held the cores. With --threads 1 it is exact
 threads it flatters a little, since serial stretches (Python, small ops) keep one thread busy.
 Then torch.profiler records one step and the table lists the top ops by self time. Last,
 steps of the project's setup alternate with cheap alternatives (torch's unfused AdamW, Adafactor,
-eager instead of SDPA attention) at one batch size, to show what each would gain or cost.
+Adafactor one tensor at a time, eager instead of SDPA attention) at one batch size, to show what
+each would gain or cost.
 On a machine shared with other work, OMP_WAIT_POLICY=PASSIVE keeps idle OpenMP threads from
 spinning against each other and makes the timings far steadier.
 
@@ -131,7 +132,8 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
     """A freshly initialised model (seed 0) and its optimizer, prepared by `accelerator`.
 
     By default both are what pre_train_t5.py builds (`--optim adamw_torch`: fused AdamW);
-    `optim` picks another of the project's optimizers, or "adamw_unfused" for torch's plain AdamW.
+    `optim` picks another of the project's optimizers, "adamw_unfused" for torch's plain AdamW, or
+    "adafactor_per_tensor" for T5's Adafactor stepping one tensor at a time (foreach=False).
     """
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(config, **({"attn_implementation": attention} if attention else {}))
@@ -141,7 +143,11 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
         optimizer = torch.optim.AdamW(groups, lr=run_config.resolved_learning_rate)
     else:
-        optimizer = build_optimizer(model, dataclasses.replace(run_config, optim=optim) if optim else run_config)
+        project_optim = "adafactor" if optim == "adafactor_per_tensor" else optim
+        optimizer = build_optimizer(model, dataclasses.replace(run_config, optim=project_optim) if optim
+                                    else run_config)
+        for group in optimizer.param_groups:
+            group["foreach"] = optim != "adafactor_per_tensor"
     return accelerator.prepare(model, optimizer)
 
 
@@ -178,6 +184,7 @@ def compare_variants(args, accelerator, baseline: tuple, config, run_config, sou
     sides = {"project: fused AdamW, SDPA attention": baseline,
              "AdamW not fused (torch's default)": build(config, run_config, accelerator, optim="adamw_unfused"),
              "Adafactor (pre_train_t5.py's default)": build(config, run_config, accelerator, optim="adafactor"),
+             "Adafactor, one tensor at a time": build(config, run_config, accelerator, optim="adafactor_per_tensor"),
              "eager attention": build(config, run_config, accelerator, attention="eager")}
     batch = random_batch(args.variants_batch_size, source, target, config.vocab_size, accelerator.device)
     for model, optimizer in sides.values():
