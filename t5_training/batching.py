@@ -38,9 +38,9 @@ def compiled_widths(config) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
 
     Only on a GPU: static graphs are the fastest kernels there and what CUDA graphs
     (--torch_compile_mode reduce-overhead) need, and its batches are padded to 8 anyway. On a CPU
-    padding costs its full share of compute: on SST-2 (t5-tiny, batch 32), widths ran at 0.58x
+    padding costs its full share of compute: on SST-2 (t5-tiny, batch 32), widths ran at 0.62x
     eager's speed, most of it the LM head over 8 target positions instead of 2 or 3, while one
-    graph for symbolic lengths ran at 1.03x (benchmarks/compile_speed.py, docs/performance.md).
+    graph for symbolic lengths ran at 1.09x (benchmarks/compile_speed.py, docs/results/performance.md).
     """
     if not (config.torch_compile and runs_on_cuda()):
         return None
