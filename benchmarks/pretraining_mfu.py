@@ -45,8 +45,8 @@ time: the process's CPU time over its threads, for the steps and for the peak al
 leaves out the time other processes held the cores. With --threads 1 it is exact; with more
 threads it flatters a little, since serial stretches (Python, small ops) keep one thread busy.
 Then torch.profiler records one step and the table lists the top ops by self time. Last,
-steps of the project's setup alternate with cheap alternatives (torch's unfused AdamW, Adafactor,
-Adafactor one tensor at a time, eager instead of SDPA attention) at one batch size, to show what
+steps of the project's setup alternate with cheap alternatives (torch's unfused AdamW, Adafactor
+stepping its tensors together and one at a time, eager instead of SDPA attention) at one batch size, to show what
 each would gain or cost.
 On a machine shared with other work, OMP_WAIT_POLICY=PASSIVE keeps idle OpenMP threads from
 spinning against each other and makes the timings far steadier.
@@ -133,7 +133,8 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
 
     By default both are what pre_train_t5.py builds (`--optim adamw_torch`: fused AdamW);
     `optim` picks another of the project's optimizers, "adamw_unfused" for torch's plain AdamW, or
-    "adafactor_per_tensor" for T5's Adafactor stepping one tensor at a time (foreach=False).
+    "adafactor_foreach" / "adafactor_per_tensor" for T5's Adafactor stepping its tensors together
+    (a GPU's default) or one at a time (a CPU's).
     """
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(config, **({"attn_implementation": attention} if attention else {}))
@@ -142,12 +143,12 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
         optimizer = build_optimizer(model, run_config)
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
         optimizer = torch.optim.AdamW(groups, lr=run_config.resolved_learning_rate)
-    else:
-        project_optim = "adafactor" if optim == "adafactor_per_tensor" else optim
-        optimizer = build_optimizer(model, dataclasses.replace(run_config, optim=project_optim) if optim
-                                    else run_config)
+    elif optim in ("adafactor_foreach", "adafactor_per_tensor"):
+        optimizer = build_optimizer(model, dataclasses.replace(run_config, optim="adafactor"))
         for group in optimizer.param_groups:
-            group["foreach"] = optim != "adafactor_per_tensor"
+            group["foreach"] = optim == "adafactor_foreach"
+    else:
+        optimizer = build_optimizer(model, dataclasses.replace(run_config, optim=optim) if optim else run_config)
     return accelerator.prepare(model, optimizer)
 
 
@@ -183,7 +184,8 @@ def compare_variants(args, accelerator, baseline: tuple, config, run_config, sou
     """Steps of the project's setup against cheap alternatives, interleaved round by round (same batch)."""
     sides = {"project: fused AdamW, SDPA attention": baseline,
              "AdamW not fused (torch's default)": build(config, run_config, accelerator, optim="adamw_unfused"),
-             "Adafactor (pre_train_t5.py's default)": build(config, run_config, accelerator, optim="adafactor"),
+             "Adafactor (pre_train_t5.py's default), multi-tensor": build(config, run_config, accelerator,
+                                                                         optim="adafactor_foreach"),
              "Adafactor, one tensor at a time": build(config, run_config, accelerator, optim="adafactor_per_tensor"),
              "eager attention": build(config, run_config, accelerator, attention="eager")}
     batch = random_batch(args.variants_batch_size, source, target, config.vocab_size, accelerator.device)

@@ -77,8 +77,16 @@ def _closure_loss(closure):
 
 class ForeachOptimizer(torch.optim.Optimizer):
     """A per-tensor update rule (T5's Adafactor, optim.AdamWScale) stepped over each group in
-    chunks with torch's multi-tensor ops (`update_together`), or, where the group's `foreach` is
-    False, one tensor at a time (`update_each`: the reference the tests hold the other to)."""
+    chunks with torch's multi-tensor ops (`update_together`), or one tensor at a time
+    (`update_each`, the reference the tests hold the other to).
+
+    A group's `foreach` chooses; None (the default) is foreach where its tensors are on a GPU, as
+    torch's own optimizers choose. On a GPU the multi-tensor ops save the launch of about twenty
+    kernels a tensor; on a CPU there is no launch to save, and a tensor's twenty passes run while it
+    is in cache, where each multi-tensor op passes over the whole chunk: measured on a CPU (t5-small,
+    512 -> 114, batch 1), a step with it took 1.477 s against 1.438 s one tensor at a time
+    (docs/results/performance.md).
+    """
 
     def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
@@ -92,7 +100,8 @@ class ForeachOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for group in self.param_groups:
                 params = [p for p in group["params"] if p.grad is not None]
-                if not group.get("foreach", True):
+                foreach = group.get("foreach")
+                if not (foreach if foreach is not None else all(p.is_cuda for p in params)):
                     self.update_each(group, params)
                     continue
                 for chunk in foreach_chunks([p.numel() for p in params]):
@@ -106,8 +115,8 @@ class T5Adafactor(ForeachOptimizer):
     The schedule (inverse square root from 1e-2 for pretraining, constant 1e-3 for fine-tuning,
     as in T5) comes from the LambdaLR in `t5_training.optim`, not from the optimizer.
 
-    `foreach` (the default, ForeachOptimizer) updates a group's tensors together with torch's multi-tensor ops, a
-    few kernels a step instead of about twenty a tensor (on a GPU, each one a launch); only the
+    `foreach` (ForeachOptimizer; by default on a GPU) updates a group's tensors together with
+    torch's multi-tensor ops, a few kernels a step instead of about twenty a tensor; only the
     factored moments' row and column means stay one tensor at a time. `foreach=False` is the
     same update one tensor at a time, the reference the tests hold it to.
     """
@@ -115,7 +124,7 @@ class T5Adafactor(ForeachOptimizer):
     def __init__(self, params, lr: float = 1e-2, *, eps: tuple[float, float] = (1e-30, 1e-3),
                  clipping_threshold: float = 1.0, decay_exponent: float = 0.8,
                  multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = MIN_DIM_SIZE_TO_FACTOR,
-                 weight_decay: float = 0.0, foreach: bool = True):
+                 weight_decay: float = 0.0, foreach: bool | None = None):
         if lr <= 0 or clipping_threshold <= 0 or not 0 < decay_exponent <= 1:
             raise ValueError("T5Adafactor needs lr > 0, clipping_threshold > 0 and 0 < decay_exponent <= 1")
         defaults = {"lr": lr, "eps": eps, "clipping_threshold": clipping_threshold, "decay_exponent": decay_exponent,

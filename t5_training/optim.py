@@ -118,13 +118,13 @@ class AdamWScale(ForeachOptimizer):
     embeddings and layer norms alike. The scale is floored at 1e-3 so that tensors starting
     near zero still move. Weight decay is decoupled, as in AdamW, and not scaled.
 
-    `foreach` (the default) updates a group's tensors together with torch's multi-tensor ops, in
-    chunks (adafactor.foreach_chunks); `foreach=False` is the same update one tensor at a time,
-    the reference the tests hold it to.
+    `foreach` (ForeachOptimizer; by default on a GPU) updates a group's tensors together with
+    torch's multi-tensor ops, in chunks (adafactor.foreach_chunks); `foreach=False` is the same
+    update one tensor at a time, the reference the tests hold it to.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 foreach: bool = True):
+                 foreach: bool | None = None):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "foreach": foreach})
 

@@ -204,7 +204,7 @@ class UpdateRuleTest(parameterized.TestCase):
         self.assertEqual(T5Adafactor([torch.nn.Parameter(torch.ones(2))]).defaults,
                          {"lr": 1e-2, "eps": (1e-30, 1e-3), "clipping_threshold": 1.0, "decay_exponent": 0.8,
                           "multiply_by_parameter_scale": True, "min_dim_size_to_factor": 128, "weight_decay": 0.0,
-                          "foreach": True})
+                          "foreach": None})
 
     def test_the_edges_of_the_settings_are_accepted(self):
         T5Adafactor([torch.nn.Parameter(torch.ones(2))], lr=1e-9, clipping_threshold=1e-9, decay_exponent=1.0)
@@ -297,6 +297,19 @@ class ForeachTest(parameterized.TestCase):
             for a, b, initial in zip(together, alone, _stepped_pair(factory, steps=0)[0]):
                 self.assertFalse(torch.equal(b, initial))  # every tensor moved
                 torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+    @parameterized.named_parameters(
+        ("adafactor", lambda groups, foreach: T5Adafactor(groups, foreach=foreach)),
+        ("adamw_scale", lambda groups, foreach: AdamWScale(groups, foreach=foreach)))
+    def test_by_default_tensors_on_a_cpu_step_one_at_a_time(self, factory):
+        # There is no kernel launch to save on a CPU, and one tensor's passes run while it is in cache.
+        param = torch.nn.Parameter(torch.ones(3))
+        param.grad = torch.ones(3)
+        for foreach, method in ((None, "update_each"), (False, "update_each"), (True, "update_together")):
+            optimizer = factory([param], foreach)
+            with mock.patch.object(type(optimizer), method, autospec=True) as chosen:
+                optimizer.step()
+            chosen.assert_called_once()
 
     def test_bf16_weights_step_alike_too(self):
         # Adafactor updates bf16 weights through fp32 copies; the copies must reach the weights.

@@ -216,7 +216,7 @@ class AdamWScaleTest(parameterized.TestCase):
     def test_defaults_are_adams(self):
         optimizer = optim.AdamWScale([torch.nn.Parameter(torch.ones(2))])
         self.assertEqual(optimizer.defaults, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
-                                              "foreach": True})
+                                              "foreach": None})
 
     def test_selected_by_optim_flag(self):
         model = torch.nn.Linear(4, 4)

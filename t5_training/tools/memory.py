@@ -24,10 +24,11 @@ modeling_t5.py (`t5_training.tools.activation_memory`, which gives the bytes per
 with the peak followed through the backward pass rather than summed.
 
 The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
-that optim.py builds; one copy of the largest chunk of tensors that T5's Adafactor and adamw_scale
-update together (adafactor.foreach_chunks: 64 MiB, or the largest tensor); two copies of the
-largest tensor for HF's Adafactor; DeepSpeed's unfused client AdamW copies its partition (foreach
-on a GPU once, per tensor on a CPU twice). Not counted: the
+that optim.py builds; on a GPU, one copy of the largest chunk of tensors that T5's Adafactor and
+adamw_scale update together (adafactor.foreach_chunks: 64 MiB, or the largest tensor), on a CPU,
+where they step one tensor at a time, copies of the largest tensor (Adafactor 2, adamw_scale 3);
+two copies of the largest tensor for HF's Adafactor; DeepSpeed's unfused client AdamW copies its
+partition (foreach on a GPU once, per tensor on a CPU twice). Not counted: the
 CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
 With `--peft` (fine_tune_t5.py's adapter flags) every base weight is frozen and the adapter's own
 parameters train; `adapter_memory` puts the adapter on the meta model with peft and traces its layers.
@@ -172,15 +173,18 @@ def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, ch
 
     optim.py builds fused AdamW outside DeepSpeed: one kernel in place, nothing extra. DeepSpeed
     drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
-    per tensor on a CPU (two). T5's Adafactor and adamw_scale step a chunk of tensors at a time
-    (adafactor.foreach_chunks) and hold one copy of it at their peak; HF's Adafactor, per tensor,
-    two copies of the tensor it is updating.
+    per tensor on a CPU (two). T5's Adafactor and adamw_scale step a chunk of tensors at a time on
+    a GPU (adafactor.foreach_chunks) and hold one copy of it at their peak; one tensor at a time on
+    a CPU, holding copies of the tensor they are updating: adamw_scale three, T5's Adafactor two,
+    as HF's Adafactor does on either.
     """
     if optim == "adamw_torch":
         if not zero_stage:
             return 0
         return 4 * partition * (1 if device == "cuda" else 2)
-    return 4 * (2 * largest if optim == "adafactor_hf" else chunk)
+    if device == "cuda" and optim != "adafactor_hf":
+        return 4 * chunk
+    return 4 * largest * {"adamw_scale": 3, "adafactor": 2, "adafactor_hf": 2}[optim]
 
 
 def _largest_chunk(shapes: dict[str, tuple[int, ...]], learn: list[str]) -> int:
