@@ -178,6 +178,9 @@ class T5Adafactor(ForeachOptimizer):
                 value.mul_(1 - group["lr"] * group["weight_decay"])
             value.sub_(update.mul_(scale))
             p.copy_(value)
+            # Freed here, not when the next tensor's update replaces it: the step's peak stays one
+            # copy of the largest tensor instead of two.
+            del update
 
     def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
         # update_each's update, each line over the group's tensors at once.

@@ -147,12 +147,16 @@ class AdamWScale(ForeachOptimizer):
             exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
             bias1 = 1 - beta1 ** state["step"]
             bias2 = 1 - beta2 ** state["step"]
-            denom = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
-            # Kept on the device: .item() here would stall a GPU once per tensor per step.
-            rms = p.float().pow(2).mean().sqrt().clamp_(min=1e-3).to(p.dtype)
+            update = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
+            # Kept on the device: .item() here would stall a GPU once per tensor per step. A norm
+            # rather than pow(2).mean(): no temporary the size of the tensor.
+            rms = (torch.linalg.vector_norm(p.float()) / p.numel() ** 0.5).clamp_(min=1e-3).to(p.dtype)
             if group["weight_decay"]:
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(exp_avg / denom * rms, alpha=-group["lr"] / bias1)
+            # exp_avg / denom * rms in the denominator's memory: one temporary the size of the tensor,
+            # freed before the next tensor's.
+            p.add_(update.reciprocal_().mul_(exp_avg).mul_(rms), alpha=-group["lr"] / bias1)
+            del update
 
     def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
         # update_each's update, each line over the chunk's tensors at once; one temporary per tensor.

@@ -329,5 +329,49 @@ class ForeachTest(parameterized.TestCase):
             self.assertEqual(adafactor.foreach_chunks(numels), expected)
 
 
+_STEP_PEAKS = """
+import json, torch
+from t5_training.adafactor import T5Adafactor
+from t5_training.optim import AdamWScale
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+peaks = {}
+for name, factory in (("adafactor", T5Adafactor), ("adamw_scale", AdamWScale)):
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(2048, 1024)] * 3 + [(1024,)] * 4 + [(512, 512)]]
+        for p in params:
+            p.grad = torch.randn(p.shape)
+        optimizer = factory(params, foreach=foreach)
+        optimizer.step()  # the state exists from here on
+        resident = kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak (VmHWM) starts again from what is resident now
+        optimizer.step()
+        peaks[f"{name} {foreach}"] = (kib("VmHWM") - resident) / 1024
+        del params, optimizer
+print(json.dumps(peaks))
+"""
+
+
+class StepMemoryTest(absltest.TestCase):
+    def test_a_step_holds_one_copy_of_what_it_updates_at_once(self):
+        # What the memory estimator counts for a step (tools/memory.py, _step_temporaries): one
+        # tensor's worth of temporaries one tensor at a time (8 MiB here), one chunk's together
+        # (all 25 MiB here), for both optimizers. Large allocations are mapped and unmapped at once,
+        # so that resident memory follows live tensors.
+        import json
+        import os
+        import subprocess
+        import sys
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", _STEP_PEAKS], capture_output=True, text=True, env=env, check=True)
+        peaks = json.loads(done.stdout)
+        self.assertLen(peaks, 4)
+        for case, mib in peaks.items():
+            expected = 25 if case.endswith("True") else 8
+            self.assertBetween(mib, 0.9 * expected, 1.1 * expected, case)
+
+
 if __name__ == "__main__":
     absltest.main()

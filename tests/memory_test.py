@@ -98,9 +98,8 @@ class HandComputedTest(absltest.TestCase):
         self.assertGreater(chunk, 32128 * 512)
         for device, result in on.items():
             self.assertEqual(result.peak_at, "optimizer step", device)
-        # On a CPU two copies of the largest tensor (the squared gradient and the update's norm);
-        # on a GPU one copy of the largest chunk.
-        self.assertEqual(on["cpu"].total - on["cuda"].total, 4 * (2 * 32128 * 512 - chunk))
+        # On a GPU one copy of the largest chunk; on a CPU one copy of the largest tensor.
+        self.assertEqual(on["cuda"].total - on["cpu"].total, 4 * (chunk - 32128 * 512))
 
     def test_fused_adamw_needs_no_copy_of_the_weights_to_step(self):
         # A tiny batch, so the step would be the peak if it held a copy of every parameter (what

@@ -26,8 +26,8 @@ with the peak followed through the backward pass rather than summed.
 The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
 that optim.py builds; on a GPU, one copy of the largest chunk of tensors that T5's Adafactor and
 adamw_scale update together (adafactor.foreach_chunks: 64 MiB, or the largest tensor), on a CPU,
-where they step one tensor at a time, copies of the largest tensor (Adafactor 2, adamw_scale 3);
-two copies of the largest tensor for HF's Adafactor; DeepSpeed's unfused client AdamW copies its
+where they step one tensor at a time, one copy of the largest tensor; two copies of the largest
+tensor for HF's Adafactor; DeepSpeed's unfused client AdamW copies its
 partition (foreach on a GPU once, per tensor on a CPU twice). Not counted: the
 CUDA context and allocator caching (about 0.5-1 GiB more in nvidia-smi), and the data loader.
 With `--peft` (fine_tune_t5.py's adapter flags) every base weight is frozen and the adapter's own
@@ -175,8 +175,7 @@ def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, ch
     drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
     per tensor on a CPU (two). T5's Adafactor and adamw_scale step a chunk of tensors at a time on
     a GPU (adafactor.foreach_chunks) and hold one copy of it at their peak; one tensor at a time on
-    a CPU, holding copies of the tensor they are updating: adamw_scale three, T5's Adafactor two,
-    as HF's Adafactor does on either.
+    a CPU, holding one copy of the tensor they are updating. HF's Adafactor holds two, on either.
     """
     if optim == "adamw_torch":
         if not zero_stage:
@@ -184,7 +183,7 @@ def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, ch
         return 4 * partition * (1 if device == "cuda" else 2)
     if device == "cuda" and optim != "adafactor_hf":
         return 4 * chunk
-    return 4 * largest * {"adamw_scale": 3, "adafactor": 2, "adafactor_hf": 2}[optim]
+    return 4 * largest * (2 if optim == "adafactor_hf" else 1)
 
 
 def _largest_chunk(shapes: dict[str, tuple[int, ...]], learn: list[str]) -> int:
