@@ -110,7 +110,7 @@ class AccumulationTest(absltest.TestCase):
         self.assertEqual([lr for lr, _ in a_steps], [lr for lr, _ in b_steps])
         self.assertLen(a_losses, 6)
         for i, (a, b) in enumerate(zip(a_losses, b_losses), start=1):
-            self.assertAlmostEqual(a, b, delta=1e-5 * abs(b), msg=f"step {i}")
+            self.assertAlmostEqual(a, b, delta=fixtures.same_computation(1e-5) * abs(b), msg=f"step {i}")
         for i, ((_, a_grads), (_, b_grads)) in enumerate(zip(a_steps, b_steps), start=1):
             self.assertEqual(len(a_grads), len(b_grads))
             for j, (a, b) in enumerate(zip(a_grads, b_grads)):
@@ -120,7 +120,7 @@ class AccumulationTest(absltest.TestCase):
                 # largest gradient, element by element. Miscounting one of a step's 32 target
                 # tokens would shift every gradient by 3%, a dropped micro-batch or a lost
                 # accumulation factor by tens of percent.
-                torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * b.abs().max().item(),
+                torch.testing.assert_close(a, b, rtol=0, atol=fixtures.same_gradient(1e-4) * b.abs().max().item(),
                                            msg=lambda m: f"step {i}, parameter {j} {tuple(b.shape)}: {m}")
 
 

@@ -44,7 +44,8 @@ def _assert_continues_exactly(test: absltest.TestCase, full: str, resumed: str) 
     test.assertLen(got, 4)
     test.assertEqual(got[:2], expected[:2])  # restored from the checkpoint
     for step in (2, 3):  # steps 3 and 4, trained after the resume
-        test.assertAlmostEqual(got[step], expected[step], delta=2e-5 * abs(expected[step]), msg=f"step {step + 1}")
+        test.assertAlmostEqual(got[step], expected[step], delta=fixtures.same_computation(2e-5) * abs(expected[step]),
+                               msg=f"step {step + 1}")
     # A step whose last micro-batch does not synchronise leaves the weights as they were.
     previous = _weights(full, 2)
     for step in (3, 4):
