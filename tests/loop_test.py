@@ -296,7 +296,7 @@ class TorchCompileTest(absltest.TestCase):
             # It compiled: the model's forward became graphs (none when accelerate ignores the flag).
             self.assertGreater(dynamo_counters["stats"]["unique_graphs"], 0)
             for x, y in zip(_losses(a), _losses(b)):
-                self.assertAlmostEqual(x, y, delta=1e-4 * abs(x))
+                self.assertAlmostEqual(x, y, delta=fixtures.same_computation(1e-4) * abs(x))
             self.assertEqual(_weights(a).keys(), _weights(b).keys())  # saved without a compile wrapper's prefix
 
     def test_fine_tuning_on_a_gpu_compiles_once_per_padded_width_and_never_after(self):
