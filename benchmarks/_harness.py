@@ -138,11 +138,15 @@ def measured_side(measure):
     def run(job: dict) -> dict:
         import torch
 
-        load_before = load_average()
+        from torch._dynamo.utils import counters
+
+        load_before, graphs_before = load_average(), counters["stats"]["unique_graphs"]
         result = measure(job)
         # Recorded afterwards: the figures are only comparable if no side changed its thread count.
+        # And the graphs torch.compile made, so that a compiled side shows it compiled.
         result.update(side=job["side"], repeat=job["repeat"], threads=torch.get_num_threads(),
-                      load_average={"before": load_before, "after": load_average()})
+                      load_average={"before": load_before, "after": load_average()},
+                      compiled_graphs=counters["stats"]["unique_graphs"] - graphs_before)
         return result
 
     return run

@@ -1,10 +1,10 @@
 """Fine-tuning throughput on SST-2: this project's loop against HF's Seq2SeqTrainer, side by side.
 
     python benchmarks/fine_tune_throughput.py --threads 1   # the headline pair, t5-small, 3 x 2 runs of 200 steps, ~25 min
-    python benchmarks/fine_tune_throughput.py --threads 1 --sides all --repeats 1  # every side (pad-to-max is slow)
+    python benchmarks/fine_tune_throughput.py --threads 1 --sides all --repeats 1 --untimed_steps 20  # every side
     python benchmarks/fine_tune_throughput.py --quick      # tiny model, 4 steps: checks that it runs, not its speed
 
-Five sides train the same model for the same number of optimizer steps:
+Seven sides train the same model for the same number of optimizer steps:
 
   ours group_by_length   fine_tune_t5.main(...) with --group_by_length (dynamic padding, similar lengths batched)
   ours                   fine_tune_t5.main(...) without it (dynamic padding, plain shuffle)
@@ -13,6 +13,12 @@ Five sides train the same model for the same number of optimizer steps:
   hf dynamic padding     Seq2SeqTrainer + DataCollatorForSeq2Seq, as run_summarization.py sets them up
   hf pad to max length   Seq2SeqTrainer + default_data_collator over rows padded to the max lengths
                          (run_glue.py's default pad_to_max_length=True, max_seq_length=128)
+  ours compiled          ours group_by_length with --torch_compile (--compile_backend)
+  hf compiled            hf group_by_length with torch_compile=True (the same backend)
+
+The compiled sides spend their first steps compiling: time them with --untimed_steps, which
+leaves that many first steps of every side out of its span and its tokens (then ours is timed by
+wrapping the loop's train_step, from the end of the last untimed step, as HF's timer is).
 
 The headline is the first pair, each at its best. By default the run is exactly one epoch over
 the first steps x batch SST-2 rows, so every side trains on the same rows and the same
@@ -49,12 +55,14 @@ import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import (REPO, SST2_DIR, THREADS_HELP, add_device_argument, best_of, child_main, load_average,
-                      measured_side, median_of, prepare_tokenizer_and_model, run_sides, set_environment,
-                      tokenized_rows, use_device)
+                      measured_side, median_of, prepare_tokenizer_and_model, run_sides, set_environment, use_device)
+from _hf_fine_tune import run_hf
 
-SIDES = ("ours group_by_length", "hf group_by_length", "ours", "hf dynamic padding", "hf pad to max length")
+SIDES = ("ours group_by_length", "hf group_by_length", "ours", "hf dynamic padding", "hf pad to max length",
+         "ours compiled", "hf compiled")
+UNCOMPILED = SIDES[:5]
 # ours (group_by_length) over each side; the first is the headline: HF's best configuration.
-GOALS = {"hf group_by_length": 1.0, "hf dynamic padding": 1.5, "hf pad to max length": 2.0}
+GOALS = {"hf group_by_length": 1.0, "hf compiled": 1.0, "hf dynamic padding": 1.5, "hf pad to max length": 2.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,7 +83,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="runs of each side (default 3; quick: 1)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--sides", nargs="+", choices=SIDES + ("all",), default=None,
-                        help="which sides to run, or all (default: the headline pair, ours and HF's best; quick: all)")
+                        help="which sides to run, or all (default: the headline pair, ours and HF's best; quick: the "
+                             "five uncompiled ones)")
+    parser.add_argument("--untimed_steps", type=int, default=0,
+                        help="first optimizer steps of every side left out of its time (where the compiled sides "
+                             "compile); default 0: the whole run is timed")
+    parser.add_argument("--compile_backend", default="inductor",
+                        help="torch.compile backend of the compiled sides (ours: --torch_compile_backend, HF: "
+                             "torch_compile_backend)")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     add_device_argument(parser)
     parser.add_argument("--bf16", action="store_true",
@@ -95,9 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, name, value)
     args.output = args.output or os.path.join(args.work_dir, "results.json")
     if args.sides is None:
-        args.sides = ["all"] if quick else list(SIDES[:2])
+        args.sides = list(UNCOMPILED if quick else SIDES[:2])
     if "all" in args.sides:
         args.sides = list(SIDES)
+    if args.untimed_steps >= args.steps:
+        parser.error("--untimed_steps must be below --steps: the timed span is the steps after them")
     if args.train_rows is None:
         args.train_rows = args.steps * args.batch_size
     if args.train_rows and args.train_rows < args.steps * args.batch_size:
@@ -110,6 +127,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run_ours(job: dict) -> dict:
     import fine_tune_t5
+
+    stamps = _step_ends() if job["untimed_steps"] else None
 
     results = fine_tune_t5.main([
         "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", SST2_DIR,
@@ -124,78 +143,42 @@ def run_ours(job: dict) -> dict:
         "--weight_decay", "0", "--max_grad_norm", "1.0", "--mixed_precision", "bf16" if job["bf16"] else "no",
         "--logging_steps", str(job["steps"]), "--save_total_limit", "1", "--seed", str(job["seed"]),
         *(["--group_by_length"] if job["group_by_length"] else []),
+        *(["--torch_compile", "--torch_compile_backend", job["compile_backend"]] if job["compiled"] else []),
     ])["train"]
-    return {"seconds": results["train_runtime"], "steps": results["train_steps"], "tokens": results["train_tokens"],
-            "samples_per_second": results["train_samples_per_second"],
-            "tokens_per_second": results["train_tokens_per_second"], "train_loss": results["train_loss"]}
+    if not job["untimed_steps"]:
+        return {"seconds": results["train_runtime"], "steps": results["train_steps"],
+                "tokens": results["train_tokens"], "samples_per_second": results["train_samples_per_second"],
+                "tokens_per_second": results["train_tokens_per_second"], "train_loss": results["train_loss"]}
+    # From the end of the last untimed step to the end of the last, as HF's timer spans it.
+    ends, windows = stamps
+    seconds, timed = ends[-1] - ends[job["untimed_steps"] - 1], len(ends) - job["untimed_steps"]
+    tokens = sum(int(b["attention_mask"].sum() + (b["labels"] != -100).sum())
+                 for window in windows[job["untimed_steps"]:] for b in window)
+    return {"seconds": round(seconds, 3), "steps": timed, "tokens": tokens,
+            "samples_per_second": round(timed * job["batch_size"] / seconds, 3),
+            "tokens_per_second": round(tokens / seconds, 3), "train_loss": results["train_loss"]}
 
 
-def run_hf(job: dict) -> dict:
-    from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer,
-                              Seq2SeqTrainingArguments, TrainerCallback, default_data_collator)
+def _step_ends() -> tuple[list[float], list[list[dict]]]:
+    """(when each of the loop's optimizer steps ended, its window of batches), filled as this
+    process trains: the loop's `train_step` is wrapped, so that the span can start after the
+    untimed steps as HF's does. Token counts are read from the windows after the run."""
+    import torch
 
-    tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
-    model = AutoModelForSeq2SeqLM.from_pretrained(job["model"])
-    train = tokenized_rows(job, tokenizer, "train", job["train_rows"])
-    if job["pad_to_max_length"]:
-        # What run_summarization.py does with pad_to_max_length: pad to the max lengths at
-        # tokenization time, -100 in padded labels, then the default collator stacks rows.
-        src, tgt, pad = job["max_source_length"], job["max_target_length"], tokenizer.pad_token_id
-        train = train.map(lambda row: {
-            "input_ids": row["input_ids"] + [pad] * (src - len(row["input_ids"])),
-            "attention_mask": [1] * len(row["input_ids"]) + [0] * (src - len(row["input_ids"])),
-            "labels": row["labels"] + [-100] * (tgt - len(row["labels"])),
-        })
-        collate = default_data_collator
-    else:
-        # run_summarization.py's collator in fp32 (it pads to a multiple of 8 only under fp16).
-        collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=None)
+    from t5_training import loop
 
-    batch_tokens: list[int] = []
+    ends, windows, real = [], [], loop.train_step
 
-    def counting_collator(features):
-        batch = collate(features)
-        batch_tokens.append(int(batch["attention_mask"].sum() + (batch["labels"] != -100).sum()))
-        return batch
+    def timed_step(accelerator, model, optimizer, window, *args, **kwargs):
+        loss = real(accelerator, model, optimizer, window, *args, **kwargs)
+        if accelerator.device.type == "cuda":
+            torch.cuda.synchronize(accelerator.device)
+        ends.append(time.perf_counter())
+        windows.append(window)
+        return loss
 
-    class StepTimer(TrainerCallback):
-        start = end = None
-        steps = 0
-
-        def on_epoch_begin(self, args, state, control, **kwargs):
-            if self.start is None:
-                self.start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == job["steps"] and job["device"] == "cuda":
-                import torch
-
-                # The span ends when the last step has run on the GPU, not when it was queued (as ours).
-                torch.cuda.synchronize()
-            self.end = time.perf_counter()
-            self.steps += 1
-
-    timer = StepTimer()
-    args = Seq2SeqTrainingArguments(
-        output_dir=job["run_dir"], per_device_train_batch_size=job["batch_size"], max_steps=job["steps"],
-        learning_rate=job["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0, logging_steps=job["steps"], save_strategy="no", eval_strategy="no", report_to="none",
-        use_cpu=job["device"] == "cpu", bf16=job["bf16"], dataloader_num_workers=0, seed=job["seed"],
-        optim="adamw_torch_fused",
-        # transformers 5's name for group_by_length: batches of similar lengths from its own sampler.
-        train_sampling_strategy="group_by_length" if job.get("hf_group_by_length") else "random",
-    )
-    trainer = Seq2SeqTrainer(model=model, args=args, data_collator=counting_collator, train_dataset=train,
-                             processing_class=tokenizer, callbacks=[timer])
-    output = trainer.train()
-    seconds = timer.end - timer.start
-    # accelerate's loader collates one batch ahead; the steps trained on the first `steps` batches.
-    tokens = sum(batch_tokens[: timer.steps])
-    assert timer.steps == job["steps"], f"trained {timer.steps} steps, not {job['steps']}"
-    return {"seconds": round(seconds, 3), "steps": timer.steps, "tokens": tokens,
-            "samples_per_second": round(timer.steps * job["batch_size"] / seconds, 3),
-            "tokens_per_second": round(tokens / seconds, 3), "train_loss": output.training_loss,
-            "trainer_reported_samples_per_second": output.metrics["train_samples_per_second"]}
+    loop.train_step = timed_step  # this child process runs one side and exits
+    return ends, windows
 
 
 # --- the comparison ----------------------------------------------------------------------------
@@ -216,13 +199,15 @@ def main(argv=None) -> dict:
     base = {"model": model_dir, "tokenizer": tokenizer_dir, "steps": args.steps, "batch_size": args.batch_size,
             "train_rows": args.train_rows, "max_source_length": args.max_source_length,
             "max_target_length": args.max_target_length, "learning_rate": args.learning_rate, "seed": args.seed,
-            "device": args.device, "bf16": args.bf16}
+            "device": args.device, "bf16": args.bf16, "untimed_steps": args.untimed_steps,
+            "compile_backend": args.compile_backend}
     # Checkpoints and exports of a t5-small run take about a GB; only the numbers matter here.
     sides = tuple(side for side in SIDES if side in args.sides)
     runs = run_sides(__file__, sides, args.repeats, base, args.work_dir, keep_run_dirs=False,
-                     side_job=lambda side: {"group_by_length": side == "ours group_by_length",
-                                            "hf_group_by_length": side == "hf group_by_length",
-                                            "pad_to_max_length": side == "hf pad to max length"})
+                     side_job=lambda side: {"group_by_length": side in ("ours group_by_length", "ours compiled"),
+                                            "hf_group_by_length": side in ("hf group_by_length", "hf compiled"),
+                                            "pad_to_max_length": side == "hf pad to max length",
+                                            "compiled": side.endswith("compiled")})
 
     table = [{"side": side,
               "samples/s": median_of(runs, side, "samples_per_second"),
@@ -231,7 +216,8 @@ def main(argv=None) -> dict:
               "best samples/s": best_of(runs, side, "samples_per_second"),
               "samples/s per run": " ".join(f"{r['samples_per_second']:.2f}" for r in runs if r["side"] == side)}
              for side in sides]
-    pairs = [(a, b) for a, b in [("ours group_by_length", "hf group_by_length"),
+    pairs = [(a, b) for a, b in [("ours group_by_length", "hf group_by_length"), ("ours compiled", "hf compiled"),
+                                 ("ours group_by_length", "hf compiled"),
                                  ("ours group_by_length", "hf dynamic padding"),
                                  ("ours group_by_length", "hf pad to max length"), ("ours", "hf dynamic padding")]
              if a in sides and b in sides]

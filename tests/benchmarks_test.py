@@ -168,6 +168,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
                                    delta=0.02 * run["samples_per_second"], msg=run["side"])
             self.assertGreater(run["tokens_per_second"], 0, run["side"])
             self.assertTrue(0 < run["train_loss"] < 20, run["train_loss"])
+            self.assertEqual(run["compiled_graphs"], 0, run["side"])
         # One epoch over the same rows on every side: the same non-padding tokens, whatever the
         # sampler or the padding, so that no side is timed on shorter sentences.
         self.assertEqual(results["settings"]["train_rows"], 4 * 8)
@@ -177,6 +178,21 @@ class BenchmarksTest(fixtures.TempDirTestCase):
                                                   "ours group_by_length / hf pad to max length"])
         self.assertCountEqual(results["goals"], ["ours group_by_length / hf group_by_length >= 1.0",
                                                  "ours group_by_length / hf pad to max length >= 2.0"])
+
+    def test_fine_tune_throughput_compiled(self):
+        # Both compiled sides (aot_eager: the wiring, without inductor's C++ compile), timed after
+        # their first 2 of 4 steps, when the compile is done.
+        sides = ["ours compiled", "hf compiled"]
+        results = self.run_quick("fine_tune_throughput.py", "--work_dir", os.path.join(self.dir, "work"),
+                                 "--sides", *sides, "--compile_backend", "aot_eager", "--untimed_steps", "2")
+        self.assertEqual([row["side"] for row in results["table"]], sides)
+        for run in results["runs"]:
+            self.assertEqual((run["steps"], run["threads"]), (2, 1), run["side"])
+            self.assertAlmostEqual(run["samples_per_second"], 2 * 8 / run["seconds"],
+                                   delta=0.01 * run["samples_per_second"], msg=run["side"])
+            self.assertGreater(run["tokens"], 2 * 8 * 3, run["side"])
+            self.assertGreater(run["compiled_graphs"], 0, run["side"])
+        self.assertIn("ours compiled / hf compiled", results["ratios"])
 
     def test_eval_throughput(self):
         results = self.run_quick("eval_throughput.py", "--work_dir", os.path.join(self.dir, "work"))
