@@ -31,8 +31,8 @@ import sys
 
 from accelerate.utils import set_seed
 
-from t5_training import (adapter_record, adapters, agreement, batch_size, batching, data, inference, loop, mixture, multitask,
-                         no_label, one_label, run_dir, runtime)
+from t5_training import (adapter_record, adapters, agreement, batch_size, batching, data, inference, loop, mixture,
+                         multitask, no_label, one_label, run_dir, runtime)
 from t5_training.config import parse_config
 from t5_training.errors import run_cli
 from t5_training.fine_tune_config import FineTuneConfig
