@@ -1,7 +1,7 @@
 """Fine-tuning throughput on SST-2: this project's loop against HF's Seq2SeqTrainer, side by side.
 
     python benchmarks/fine_tune_throughput.py --threads 1   # the headline pair, t5-small, 3 x 2 runs of 200 steps, ~25 min
-    python benchmarks/fine_tune_throughput.py --threads 1 --sides all --repeats 1 --untimed_steps 20  # every side
+    python benchmarks/fine_tune_throughput.py --threads 1 --sides all --repeats 1 --untimed_steps 20  # all 7
     python benchmarks/fine_tune_throughput.py --quick      # tiny model, 4 steps: checks that it runs, not its speed
 
 Seven sides train the same model for the same number of optimizer steps:

@@ -22,8 +22,8 @@ def pad_multiple() -> int:
 
 
 def compile_widths(max_length: int) -> tuple[int, ...]:
-    """The widths training batches are padded to under --torch_compile on a GPU (`compiled_widths`):
-    powers of two from 8, then `max_length` rounded up to 8. A compiled model runs one static graph per batch shape, so the
+    """The widths training batches are padded to under --torch_compile on a GPU (see
+    `compiled_widths`): powers of two from 8, then `max_length` rounded up to 8. A compiled model runs one static graph per batch shape, so the
     shapes must be few; doubling widths pad a batch by under half its longest row (a quarter on
     average) and give log2(max_length / 8) + 1 widths: 7 up to 512."""
     widths = [GPU_PAD_MULTIPLE]
