@@ -356,7 +356,7 @@ print(json.dumps(peaks))
 
 class StepMemoryTest(absltest.TestCase):
     def test_a_step_holds_one_copy_of_what_it_updates_at_once(self):
-        # What the memory estimator counts for a step (tools/memory.py, _step_temporaries): one
+        # What the memory estimator counts for a step (tools/optimizer_memory.py, step_temporaries): one
         # tensor's worth of temporaries one tensor at a time (8 MiB here), one chunk's together
         # (all 25 MiB here), for both optimizers. Large allocations are mapped and unmapped at once,
         # so that resident memory follows live tensors.

@@ -47,9 +47,7 @@ from typing import Literal, Sequence
 import torch
 
 from t5_training import adapters
-from t5_training.tools import activation_memory, adapter_memory, autograd_tape
-from t5_training.adafactor import factored_dims, foreach_chunks
-from t5_training.optim import takes_weight_decay
+from t5_training.tools import activation_memory, adapter_memory, autograd_tape, optimizer_memory
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import resolve_config_name
@@ -151,50 +149,6 @@ def parameter_shapes(model_config) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def _optimizer_state(shapes: list[tuple[int, ...]], optim: str, flat: bool) -> int:
-    """Bytes of optimizer state for these trainable tensors (fp32)."""
-    if optim in ("adamw_torch", "adamw_scale"):
-        return 8 * sum(math.prod(s) for s in shapes)  # exp_avg and exp_avg_sq
-    if flat:
-        return 4 * sum(math.prod(s) for s in shapes)  # a 1-D partition: no factoring
-    total = 0
-    for shape in shapes:
-        # No first moment in either Adafactor. T5's factors a tensor only where its two largest
-        # dimensions are both >= 128 (a mean over each); HF's factors every matrix over its last two.
-        dims = factored_dims(torch.Size(shape)) if optim == "adafactor" else (
-            (len(shape) - 1, len(shape) - 2) if len(shape) >= 2 else None)
-        n = math.prod(shape)
-        total += 4 * (n // shape[dims[0]] + n // shape[dims[1]] if dims else n)
-    return total
-
-
-def _step_temporaries(optim: str, device: str, zero_stage: int, largest: int, chunk: int, partition: int) -> int:
-    """Bytes an optimizer step allocates beyond weights, gradients and state (measured on a CPU).
-
-    optim.py builds fused AdamW outside DeepSpeed: one kernel in place, nothing extra. DeepSpeed
-    drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
-    per tensor on a CPU (two). T5's Adafactor and adamw_scale step a chunk of tensors at a time on
-    a GPU (adafactor.foreach_chunks) and hold one copy of it at their peak; one tensor at a time on
-    a CPU, holding one copy of the tensor they are updating. HF's Adafactor holds two, on either.
-    """
-    if optim == "adamw_torch":
-        if not zero_stage:
-            return 0
-        return 4 * partition * (1 if device == "cuda" else 2)
-    if device == "cuda" and optim != "adafactor_hf":
-        return 4 * chunk
-    return 4 * largest * (2 if optim == "adafactor_hf" else 1)
-
-
-def _largest_chunk(shapes: dict[str, tuple[int, ...]], learn: list[str]) -> int:
-    """Elements in the largest chunk a foreach step updates at once: chunks form within each of
-    optim.build_optimizer's two groups, in the model's order."""
-    groups = ([n for n in learn if takes_weight_decay(n, len(shapes[n]))],
-              [n for n in learn if not takes_weight_decay(n, len(shapes[n]))])
-    sizes = [[math.prod(shapes[n]) for n in group] for group in groups]
-    return max(sum(numels[i] for i in chunk) for numels in sizes for chunk in foreach_chunks(numels))
-
-
 def estimate(model_config, *, batch_size: int, source_length: int, target_length: int, precision: str = "fp32",
              optim: str = "adamw_torch", zero_stage: int = 0, world_size: int = 1,
              gradient_checkpointing: bool = False, frozen: Sequence[str] = (), device: str = "cuda",
@@ -233,13 +187,13 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
     elif zero_stage >= 2:
         grad_extra = min(n_learn, model_config.d_model ** 2) * weight_bytes  # the reduce bucket
     gradients = shard(n_learn * weight_bytes, 2) + grad_extra
-    optimizer_state = shard(_optimizer_state([shapes[n] for n in learn], optim, flat=zero_stage > 0)
+    optimizer_state = shard(optimizer_memory.state_bytes([shapes[n] for n in learn], optim, flat=zero_stage > 0)
                             + (4 * n_learn if pure16 else 0), 1)  # DeepSpeed's fp32 master weights
 
     # DeepSpeed hands the optimizer flat partitions: one tensor, one chunk.
     largest = shard(n_learn, 1) if zero_stage else max(math.prod(shapes[n]) for n in learn)
-    chunk = shard(n_learn, 1) if zero_stage else _largest_chunk(shapes, learn)
-    step_temporaries = _step_temporaries(optim, device, zero_stage, largest, chunk, shard(n_learn, 1))
+    chunk = shard(n_learn, 1) if zero_stage else optimizer_memory.largest_chunk(shapes, learn)
+    step_temporaries = optimizer_memory.step_temporaries(optim, device, zero_stage, largest, chunk, shard(n_learn, 1))
     if pure16:
         step_temporaries += 4 * shard(n_learn, 1)  # the fp32 gradient partition
 
