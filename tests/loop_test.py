@@ -314,8 +314,10 @@ class TorchCompileTest(absltest.TestCase):
         self.assertEqual({dict(shapes)["labels"][1] for shapes, _ in steps}, {8})
 
     def test_fine_tuning_on_a_cpu_compiles_one_graph_for_every_length(self):
-        # On a CPU batches keep their longest row's width, compiled once for symbolic lengths.
-        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps:
+        # On a CPU batches keep their longest row's width, compiled once for symbolic lengths
+        # (ACCELERATE_USE_CPU: a CPU run even where the CUDA subset shows the tests a GPU).
+        with tempfile.TemporaryDirectory() as out, fixtures.graphs_per_step() as steps, \
+                mock.patch.dict(os.environ, {"ACCELERATE_USE_CPU": "1"}):
             _run(out, "--max_steps", "16", "--max_eval_samples", "8", "--group_by_length",
                  "--torch_compile", "--torch_compile_backend", "aot_eager")
         fixtures.assert_compiled_once_per_shape(self, steps)
