@@ -88,11 +88,24 @@ class ForeachOptimizer(torch.optim.Optimizer):
     (docs/results/performance.md).
     """
 
+    def initial_state(self, p: torch.Tensor, group: dict) -> dict:
+        """A tensor's state before its first step (its step count aside)."""
+        raise NotImplementedError
+
     def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
 
     def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
+
+    def counted_state(self, p: torch.Tensor, group: dict) -> dict:
+        """The tensor's state, created at its first step, with its step count advanced."""
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state.update(self.initial_state(p, group))
+        state["step"] += 1
+        return state
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
@@ -133,26 +146,20 @@ class T5Adafactor(ForeachOptimizer):
                     "foreach": foreach}
         super().__init__(params, defaults)
 
-    def _counted_state(self, p: torch.Tensor, dims: tuple[int, int] | None) -> dict:
-        """The tensor's state, created at its first step, with its step count advanced."""
-        state = self.state[p]
-        if not state:
-            state["step"] = 0
-            if dims:
-                # R keeps the second-largest dimension (the mean over the largest); C the
-                # largest. Stored with the reduced dimension kept, so they broadcast.
-                state["row"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True)
-                state["col"] = torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)
-            else:
-                state["second_moment"] = torch.zeros_like(p, dtype=torch.float32)
-        state["step"] += 1
-        return state
+    def initial_state(self, p: torch.Tensor, group: dict) -> dict:
+        dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
+        if not dims:
+            return {"second_moment": torch.zeros_like(p, dtype=torch.float32)}
+        # R keeps the second-largest dimension (the mean over the largest); C the largest.
+        # Stored with the reduced dimension kept, so they broadcast.
+        return {"row": torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True),
+                "col": torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)}
 
     def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
         eps1, eps2 = group["eps"]
         for p in params:
             dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
-            state = self._counted_state(p, dims)
+            state = self.counted_state(p, group)
             # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
             grad = p.grad.float()
             value = p.float()
@@ -186,7 +193,7 @@ class T5Adafactor(ForeachOptimizer):
         # update_each's update, each line over the group's tensors at once.
         eps1, eps2 = group["eps"]
         dims = [factored_dims(p.shape, group["min_dim_size_to_factor"]) for p in params]
-        states = [self._counted_state(p, d) for p, d in zip(params, dims)]
+        states = [self.counted_state(p, group) for p in params]
         grads = [p.grad.float() for p in params]
         values = [p.float() for p in params]  # the weights themselves where they are fp32
         decays = [1.0 - state["step"] ** -group["decay_exponent"] for state in states]

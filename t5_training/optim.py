@@ -128,20 +128,14 @@ class AdamWScale(ForeachOptimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "foreach": foreach})
 
-    def _counted_state(self, p: torch.Tensor) -> dict:
-        """The tensor's state, created at its first step, with its step count advanced."""
-        state = self.state[p]
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["step"] += 1
-        return state
+    def initial_state(self, p: torch.Tensor, group: dict) -> dict:
+        return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
     def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]
         for p in params:
-            state = self._counted_state(p)
+            state = self.counted_state(p, group)
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
             exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
@@ -161,7 +155,7 @@ class AdamWScale(ForeachOptimizer):
     def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
         # update_each's update, each line over the chunk's tensors at once; one temporary per tensor.
         beta1, beta2 = group["betas"]
-        states = [self._counted_state(p) for p in params]
+        states = [self.counted_state(p, group) for p in params]
         grads = [p.grad for p in params]
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         torch._foreach_mul_(exp_avgs, beta1)
