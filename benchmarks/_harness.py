@@ -152,6 +152,31 @@ def measured_side(measure):
     return run
 
 
+def record_steps() -> list[dict]:
+    """Each optimizer step the project's loop runs in this process from now on, as it ends: its
+    `start` and `end` (perf_counter, the GPU synchronized first), the `graphs` torch.compile made
+    during it, and its `window` of batches. The loop's `train_step` is wrapped for the rest of the
+    process, which runs one side and exits."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from t5_training import loop
+
+    steps, real = [], loop.train_step
+
+    def recorded_step(accelerator, model, optimizer, window, *args, **kwargs):
+        graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
+        loss = real(accelerator, model, optimizer, window, *args, **kwargs)
+        if accelerator.device.type == "cuda":
+            torch.cuda.synchronize(accelerator.device)
+        steps.append({"start": start, "end": time.perf_counter(),
+                      "graphs": counters["stats"]["unique_graphs"] - graphs, "window": window})
+        return loss
+
+    loop.train_step = recorded_step
+    return steps
+
+
 def run_sides(script: str, sides: tuple[str, ...], repeats: int, base: dict, work_dir: str, side_job,
               keep_run_dirs: bool = True) -> list[dict]:
     """Runs every side `repeats` times, each run a fresh process (run_child); returns the results.

@@ -34,7 +34,7 @@ from unittest import mock
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import (REPO, SST2_DIR, THREADS_HELP, add_device_argument, child_main, load_average, measured_side,
-                      median_of, prepare_tokenizer_and_model, run_sides, set_environment, use_device)
+                      median_of, prepare_tokenizer_and_model, record_steps, run_sides, set_environment, use_device)
 
 SIDES = ("pretraining eager", "pretraining compiled", "fine-tuning eager", "fine-tuning compiled, widths",
          "fine-tuning compiled, symbolic")
@@ -95,22 +95,9 @@ def script_argv(job: dict) -> list[str]:
 
 
 def run_side(job: dict) -> dict:
-    import torch
-    from torch._dynamo.utils import counters
+    from t5_training import batching
 
-    from t5_training import batching, loop
-
-    steps, real = [], loop.train_step
-
-    def timed_step(accelerator, *args, **kwargs):
-        before, started = counters["stats"]["unique_graphs"], time.perf_counter()
-        loss = real(accelerator, *args, **kwargs)
-        if accelerator.device.type == "cuda":
-            torch.cuda.synchronize(accelerator.device)
-        steps.append((time.perf_counter() - started, counters["stats"]["unique_graphs"] - before))
-        return loss
-
-    patches = [mock.patch.object(loop, "train_step", timed_step)]
+    recorded, patches = record_steps(), []
     if job["side"].endswith("widths"):
         # The GPU's choice, wherever this runs: batching then pads as on a GPU (widths, to 8).
         patches.append(mock.patch.object(batching, "runs_on_cuda", return_value=True))
@@ -123,6 +110,7 @@ def run_side(job: dict) -> dict:
     else:
         import fine_tune_t5 as script
     script.main(script_argv(job))
+    steps = [(step["end"] - step["start"], step["graphs"]) for step in recorded]
     steady = [seconds for number, (seconds, graphs) in enumerate(steps) if number >= job["warmup"] and not graphs]
     if not steady:
         raise SystemExit(f"{job['side']}: every step after the first {job['warmup']} compiled; run more --steps")

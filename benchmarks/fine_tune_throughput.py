@@ -55,7 +55,8 @@ import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import (REPO, SST2_DIR, THREADS_HELP, add_device_argument, best_of, child_main, load_average,
-                      measured_side, median_of, prepare_tokenizer_and_model, run_sides, set_environment, use_device)
+                      measured_side, median_of, prepare_tokenizer_and_model, record_steps, run_sides, set_environment,
+                      use_device)
 from _hf_fine_tune import run_hf
 
 SIDES = ("ours group_by_length", "hf group_by_length", "ours", "hf dynamic padding", "hf pad to max length",
@@ -128,7 +129,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_ours(job: dict) -> dict:
     import fine_tune_t5
 
-    stamps = _step_ends() if job["untimed_steps"] else None
+    recorded = record_steps() if job["untimed_steps"] else None
 
     results = fine_tune_t5.main([
         "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", SST2_DIR,
@@ -150,35 +151,13 @@ def run_ours(job: dict) -> dict:
                 "tokens": results["train_tokens"], "samples_per_second": results["train_samples_per_second"],
                 "tokens_per_second": results["train_tokens_per_second"], "train_loss": results["train_loss"]}
     # From the end of the last untimed step to the end of the last, as HF's timer spans it.
-    ends, windows = stamps
-    seconds, timed = ends[-1] - ends[job["untimed_steps"] - 1], len(ends) - job["untimed_steps"]
+    untimed = job["untimed_steps"]
+    seconds, timed = recorded[-1]["end"] - recorded[untimed - 1]["end"], len(recorded) - untimed
     tokens = sum(int(b["attention_mask"].sum() + (b["labels"] != -100).sum())
-                 for window in windows[job["untimed_steps"]:] for b in window)
+                 for step in recorded[untimed:] for b in step["window"])
     return {"seconds": round(seconds, 3), "steps": timed, "tokens": tokens,
             "samples_per_second": round(timed * job["batch_size"] / seconds, 3),
             "tokens_per_second": round(tokens / seconds, 3), "train_loss": results["train_loss"]}
-
-
-def _step_ends() -> tuple[list[float], list[list[dict]]]:
-    """(when each of the loop's optimizer steps ended, its window of batches), filled as this
-    process trains: the loop's `train_step` is wrapped, so that the span can start after the
-    untimed steps as HF's does. Token counts are read from the windows after the run."""
-    import torch
-
-    from t5_training import loop
-
-    ends, windows, real = [], [], loop.train_step
-
-    def timed_step(accelerator, model, optimizer, window, *args, **kwargs):
-        loss = real(accelerator, model, optimizer, window, *args, **kwargs)
-        if accelerator.device.type == "cuda":
-            torch.cuda.synchronize(accelerator.device)
-        ends.append(time.perf_counter())
-        windows.append(window)
-        return loss
-
-    loop.train_step = timed_step  # this child process runs one side and exits
-    return ends, windows
 
 
 # --- the comparison ----------------------------------------------------------------------------
