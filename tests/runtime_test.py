@@ -3,6 +3,7 @@ import os
 from unittest import mock
 
 import torch
+import torch._functorch.config
 import transformers
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -12,6 +13,7 @@ from accelerate.utils import DistributedType, TorchDynamoPlugin
 from t5_training import runtime
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
+from tests import fixtures
 from tests.simulated_gpu import gpu_host
 
 
@@ -140,6 +142,33 @@ class CompileTest(parameterized.TestCase):
                                                 r"settings \(NO\), .* run each training in a process of its own$"):
             runtime.build_accelerator(TrainingConfig(output_dir="unused", torch_compile=True,
                                                      torch_compile_backend="aot_eager"))
+
+
+    def test_a_model_compiled_on_a_cpu_keeps_no_relu_masks_for_its_backward_pass(self):
+        # What made compiled pretraining slower than eager on a CPU (see
+        # runtime.save_whole_activations_for_backward): the compiled forward pass kept a bool mask of
+        # every feed-forward activation for the ReLU's backward, which inductor's CPU kernels write
+        # and read about 20 times slower than eager's.
+        d_ff = 24  # a size no other dimension of the model has
+
+        def masks_kept() -> list[tuple]:
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            model = transformers.T5ForConditionalGeneration(fixtures.tiny_t5_config(
+                d_ff=d_ff, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+            kept = []
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+                loss = torch.compile(model)(input_ids=torch.randint(0, 32, (2, 8)),
+                                            labels=torch.randint(0, 32, (2, 4))).loss
+            loss.backward()
+            return [tuple(t.shape) for t in kept if t.dtype == torch.bool and t.shape[-1] == d_ff]
+
+        with torch._functorch.config.patch(recompute_views=False):
+            self.assertTrue(masks_kept())  # torch's default: the masks this test looks for are there
+            with mock.patch.dict(os.environ, {"ACCELERATE_USE_CPU": "1"}), \
+                    mock.patch.object(runtime, "Accelerator", side_effect=_accelerator_stand_in):
+                runtime.build_accelerator(TrainingConfig(output_dir="unused", torch_compile=True), shapes=1)
+            self.assertEqual(masks_kept(), [])
 
 
 class PrepareTest(absltest.TestCase):
