@@ -86,40 +86,69 @@ class ForeachOptimizer(torch.optim.Optimizer):
     is in cache, where each multi-tensor op passes over the whole chunk: measured on a CPU (t5-small,
     512 -> 114, batch 1), a step with it took 1.477 s against 1.438 s one tensor at a time
     (docs/results/performance.md).
+
+    A step can be skipped on the device, as fused Adam skips one: where the caller has set
+    `found_inf` (a 0-d tensor on the device, 1 to skip, as step.train_step sets it from the loss
+    and the gradient norm), a skipped step leaves the weights, the moments and the step counts as
+    they were, and zeroes the gradients it was given, with nothing read back to the host. So each
+    tensor counts its steps on its device (a 0-d fp32 tensor, as torch's capturable Adam does), and
+    the rules weigh what they add by `keep` (1, or 0 on a skipped step).
     """
 
     def initial_state(self, p: torch.Tensor, group: dict) -> dict:
         """A tensor's state before its first step (its step count aside)."""
         raise NotImplementedError
 
-    def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_each(self, group: dict, params: list[torch.Tensor], states: list[dict], keep: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_together(self, group: dict, params: list[torch.Tensor], states: list[dict],
+                        keep: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def counted_state(self, p: torch.Tensor, group: dict) -> dict:
-        """The tensor's state, created at its first step, with its step count advanced."""
+    def state_of(self, p: torch.Tensor, group: dict) -> dict:
+        """The tensor's state, created at its first step, its step count a 0-d fp32 tensor on its device."""
         state = self.state[p]
         if not state:
-            state["step"] = 0
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
             state.update(self.initial_state(p, group))
-        state["step"] += 1
+        elif not (torch.is_tensor(state["step"]) and state["step"].device == p.device):
+            # An earlier version's checkpoint counted on the host, and torch's load_state_dict leaves
+            # a step count on the device it was saved from.
+            state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(p.device)
         return state
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
         # A with block, not @torch.no_grad(): mutmut does not mutate decorated functions.
         with torch.no_grad():
+            found_inf = getattr(self, "found_inf", None)
             for group in self.param_groups:
                 params = [p for p in group["params"] if p.grad is not None]
+                if not params:
+                    continue
+                keep = _kept(found_inf, params)
+                states = [self.state_of(p, group) for p in params]
+                torch._foreach_add_([state["step"] for state in states], keep)
                 foreach = group.get("foreach")
                 if not (foreach if foreach is not None else all(p.is_cuda for p in params)):
-                    self.update_each(group, params)
+                    self.update_each(group, params, states, keep)
                     continue
                 for chunk in foreach_chunks([p.numel() for p in params]):
-                    self.update_together(group, [params[i] for i in chunk])
+                    self.update_together(group, [params[i] for i in chunk], [states[i] for i in chunk], keep)
             return loss
+
+
+def _kept(found_inf: torch.Tensor | None, params: list[torch.Tensor]) -> torch.Tensor:
+    """1 where the step applies, 0 where `found_inf` skips it. A skipped step's gradients may be
+    infinite or NaN, which a weight of 0 does not cancel (0 * inf is NaN): they are zeroed."""
+    device = params[0].device
+    if found_inf is None:
+        return torch.ones((), dtype=torch.float32, device=device)
+    skip = found_inf.to(device=device, dtype=torch.bool)
+    for p in params:
+        p.grad.masked_fill_(skip, 0)
+    return (~skip).float()
 
 
 class T5Adafactor(ForeachOptimizer):
@@ -155,26 +184,26 @@ class T5Adafactor(ForeachOptimizer):
         return {"row": torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[0], keepdim=True),
                 "col": torch.zeros_like(p, dtype=torch.float32).mean(dim=dims[1], keepdim=True)}
 
-    def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_each(self, group: dict, params: list[torch.Tensor], states: list[dict], keep: torch.Tensor) -> None:
         eps1, eps2 = group["eps"]
-        for p in params:
+        weights = _moment_weights(states, group["decay_exponent"], keep)
+        for p, state, weight in zip(params, states, weights):
             dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
-            state = self.counted_state(p, group)
             # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
             grad = p.grad.float()
             value = p.float()
-            decay = 1.0 - state["step"] ** -group["decay_exponent"]
             # In place wherever possible: the step's peak is one extra copy of the tensor.
             grad_sq = grad.square().add_(eps1)
             if dims:
                 means = _means(grad_sq, dims)
                 del grad_sq
-                update = _factored_update(state, dims, means, decay)
+                update = _factored_update(state, dims, means, weight, keep)
             else:
                 second = state["second_moment"]
-                second.mul_(decay).add_(grad_sq, alpha=1 - decay)
+                second.mul_(1 - weight).addcmul_(grad_sq, weight)
                 del grad_sq
-                update = second.rsqrt()
+                # 1 - keep: see _factored_update.
+                update = second.add(1 - keep).rsqrt_()
             update.mul_(grad)
             update.div_((_rms(update) / group["clipping_threshold"]).clamp_(min=1.0))
             scale = group["lr"]
@@ -182,21 +211,21 @@ class T5Adafactor(ForeachOptimizer):
                 # A tensor, not a float: reading it on the host would stall a GPU per tensor.
                 scale = _rms(value).clamp_(min=eps2) * group["lr"]
             if group["weight_decay"]:
-                value.mul_(1 - group["lr"] * group["weight_decay"])
+                value.mul_(kept_or_one(1 - group["lr"] * group["weight_decay"], keep))
             value.sub_(update.mul_(scale))
             p.copy_(value)
             # Freed here, not when the next tensor's update replaces it: the step's peak stays one
             # copy of the largest tensor instead of two.
             del update
 
-    def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_together(self, group: dict, params: list[torch.Tensor], states: list[dict],
+                        keep: torch.Tensor) -> None:
         # update_each's update, each line over the group's tensors at once.
         eps1, eps2 = group["eps"]
         dims = [factored_dims(p.shape, group["min_dim_size_to_factor"]) for p in params]
-        states = [self.counted_state(p, group) for p in params]
         grads = [p.grad.float() for p in params]
         values = [p.float() for p in params]  # the weights themselves where they are fp32
-        decays = [1.0 - state["step"] ** -group["decay_exponent"] for state in states]
+        weights = _moment_weights(states, group["decay_exponent"], keep)
         grad_sq = torch._foreach_mul(grads, grads)
         torch._foreach_add_(grad_sq, eps1)
         # As in the loop, the squared gradients are gone before the updates take their place: the
@@ -205,16 +234,21 @@ class T5Adafactor(ForeachOptimizer):
         whole = [i for i, d in enumerate(dims) if not d]
         seconds = [states[i]["second_moment"] for i in whole]
         if whole:
-            torch._foreach_mul_(seconds, [decays[i] for i in whole])
+            decays = torch._foreach_neg([weights[i] for i in whole])
+            torch._foreach_add_(decays, 1.0)
+            torch._foreach_mul_(seconds, decays)
             new = [grad_sq[i] for i in whole]
-            torch._foreach_mul_(new, [1 - decays[i] for i in whole])
+            torch._foreach_mul_(new, [weights[i] for i in whole])
             torch._foreach_add_(seconds, new)
             del new
         del grad_sq
-        updates = [_factored_update(state, d, m, decay) if d else None
-                   for state, d, m, decay in zip(states, dims, means, decays)]
-        for i, update in zip(whole, torch._foreach_rsqrt(seconds) if whole else []):
-            updates[i] = update
+        updates = [_factored_update(state, d, m, weight, keep) if d else None
+                   for state, d, m, weight in zip(states, dims, means, weights)]
+        if whole:
+            lifted = torch._foreach_add(seconds, 1 - keep)  # see _factored_update
+            torch._foreach_rsqrt_(lifted)
+            for i, update in zip(whole, lifted):
+                updates[i] = update
         torch._foreach_mul_(updates, grads)
         roots = [p.numel() ** 0.5 for p in params]
         clip = torch._foreach_norm(updates)
@@ -231,11 +265,29 @@ class T5Adafactor(ForeachOptimizer):
         else:
             torch._foreach_mul_(updates, group["lr"])
         if group["weight_decay"]:
-            torch._foreach_mul_(values, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_mul_(values, kept_or_one(1 - group["lr"] * group["weight_decay"], keep))
         torch._foreach_sub_(values, updates)
         for p, value in zip(params, values):
             if value is not p:
                 p.copy_(value)
+
+
+def kept_or_one(factor: float, keep: torch.Tensor) -> torch.Tensor:
+    """`factor` where the step applies (keep 1), 1 where it is skipped (keep 0): a decay that leaves a
+    skipped step's state as it was. Exactly `factor` in fp32 on an applied step."""
+    return keep * factor + (1 - keep)
+
+
+def _moment_weights(states: list[dict], decay_exponent: float, keep: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor's 1 - beta2 = t^-decay_exponent at its step t (1 at the first), 0 on a skipped step.
+
+    Mesh TF's decay rate is 1 - t^-0.8 of the global step, which is every tensor's step here but
+    a tensor's that misses steps. A tensor whose first step is skipped still counts 0: as 1 here.
+    """
+    weights = torch._foreach_clamp_min([state["step"] for state in states], 1.0)
+    torch._foreach_pow_(weights, -decay_exponent)
+    torch._foreach_mul_(weights, keep)
+    return weights
 
 
 def _means(grad_sq: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,9 +296,15 @@ def _means(grad_sq: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, 
 
 
 def _factored_update(state: dict, dims: tuple[int, int], means: tuple[torch.Tensor, torch.Tensor],
-                     decay: float) -> torch.Tensor:
-    """Advances the factored second moment (R and C, from `_means`) and returns 1 / sqrt(V)."""
+                     weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Advances the factored second moment (R and C, from `_means`) by `weight` and returns 1 / sqrt(V).
+
+    On a skipped step (keep 0) the moments stay as they were and the gradient is zero, so the
+    update is too, unless the moments are still zero (a tensor's skipped first step), where
+    0 / 0 would make it NaN: 1 - keep (0 on an applied step) is added to them for the division.
+    """
     row, col = state["row"], state["col"]
-    row.mul_(decay).add_(means[0], alpha=1 - decay)
-    col.mul_(decay).add_(means[1], alpha=1 - decay)
-    return (row / row.mean(dim=dims[1], keepdim=True)).rsqrt_() * col.rsqrt()
+    row.mul_(1 - weight).addcmul_(means[0], weight)
+    col.mul_(1 - weight).addcmul_(means[1], weight)
+    lift = 1 - keep
+    return ((row + lift) / (row.mean(dim=dims[1], keepdim=True) + lift)).rsqrt_() * (col + lift).rsqrt_()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from t5_training.adafactor import ForeachOptimizer, T5Adafactor
+from t5_training.adafactor import ForeachOptimizer, T5Adafactor, kept_or_one
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
@@ -132,37 +132,38 @@ class AdamWScale(ForeachOptimizer):
         return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                 "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
-    def update_each(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_each(self, group: dict, params: list[torch.Tensor], states: list[dict], keep: torch.Tensor) -> None:
         beta1, beta2 = group["betas"]
-        for p in params:
-            state = self.counted_state(p, group)
+        # beta on an applied step, 1 on a skipped one, whose gradients are zero: the moments stay.
+        decay1, decay2 = kept_or_one(beta1, keep), kept_or_one(beta2, keep)
+        step_sizes, corrections2 = _bias_corrections(states, group, keep)
+        for p, state, step_size, correction2 in zip(params, states, step_sizes, corrections2):
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            bias1 = 1 - beta1 ** state["step"]
-            bias2 = 1 - beta2 ** state["step"]
-            update = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
+            exp_avg.mul_(decay1).add_(p.grad, alpha=1 - beta1)
+            exp_avg_sq.mul_(decay2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            update = (exp_avg_sq / correction2).sqrt_().add_(group["eps"])
             # Kept on the device: .item() here would stall a GPU once per tensor per step. A norm
             # rather than pow(2).mean(): no temporary the size of the tensor.
             rms = (torch.linalg.vector_norm(p.float()) / p.numel() ** 0.5).clamp_(min=1e-3).to(p.dtype)
             if group["weight_decay"]:
-                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.mul_(kept_or_one(1 - group["lr"] * group["weight_decay"], keep))
             # exp_avg / denom * rms in the denominator's memory: one temporary the size of the tensor,
             # freed before the next tensor's.
-            p.add_(update.reciprocal_().mul_(exp_avg).mul_(rms), alpha=-group["lr"] / bias1)
+            p.addcmul_(update.reciprocal_().mul_(exp_avg).mul_(rms), step_size)
             del update
 
-    def update_together(self, group: dict, params: list[torch.Tensor]) -> None:
+    def update_together(self, group: dict, params: list[torch.Tensor], states: list[dict],
+                        keep: torch.Tensor) -> None:
         # update_each's update, each line over the chunk's tensors at once; one temporary per tensor.
         beta1, beta2 = group["betas"]
-        states = [self.counted_state(p, group) for p in params]
+        step_sizes, corrections2 = _bias_corrections(states, group, keep)
         grads = [p.grad for p in params]
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_mul_(exp_avgs, kept_or_one(beta1, keep))
         torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_mul_(exp_avg_sqs, kept_or_one(beta2, keep))
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-        updates = torch._foreach_div(exp_avg_sqs, [1 - beta2 ** s["step"] for s in states])
+        updates = torch._foreach_div(exp_avg_sqs, corrections2)
         torch._foreach_sqrt_(updates)
         torch._foreach_add_(updates, group["eps"])
         torch._foreach_reciprocal_(updates)
@@ -171,10 +172,26 @@ class AdamWScale(ForeachOptimizer):
         torch._foreach_div_(rms, [p.numel() ** 0.5 for p in params])
         torch._foreach_clamp_min_(rms, 1e-3)
         torch._foreach_mul_(updates, [r.to(p.dtype) for r, p in zip(rms, params)])
-        torch._foreach_mul_(updates, [-group["lr"] / (1 - beta1 ** s["step"]) for s in states])
+        torch._foreach_mul_(updates, step_sizes)
         if group["weight_decay"]:
-            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_mul_(params, kept_or_one(1 - group["lr"] * group["weight_decay"], keep))
         torch._foreach_add_(params, updates)
+
+
+def _bias_corrections(states: list[dict], group: dict, keep: torch.Tensor) -> tuple[list, list]:
+    """Each tensor's step size, -lr / (1 - beta1^t) (0 on a skipped step, whose moments would
+    otherwise still move the weights), and 1 - beta2^t; t is at least 1, as a tensor whose first
+    step is skipped still counts 0."""
+    beta1, beta2 = group["betas"]
+    steps = torch._foreach_clamp_min([state["step"] for state in states], 1.0)
+    step_sizes = torch._foreach_pow(beta1, steps)
+    torch._foreach_sub_(step_sizes, 1.0)  # beta1^t - 1, so that the reciprocal below carries lr's sign
+    torch._foreach_reciprocal_(step_sizes)
+    torch._foreach_mul_(step_sizes, keep * group["lr"])
+    corrections2 = torch._foreach_pow(beta2, steps)
+    torch._foreach_neg_(corrections2)
+    torch._foreach_add_(corrections2, 1.0)
+    return step_sizes, corrections2
 
 
 def warmup_steps(config: TrainingConfig, total_steps: int) -> int:

@@ -15,6 +15,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from t5_training import losses
+from t5_training.adafactor import ForeachOptimizer
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError
 from t5_training.interrupts import kill_point
@@ -42,9 +43,10 @@ def train_step(accelerator, model, optimizer, window: list[dict], counts: torch.
     """One optimizer step over a window of micro-batches, skipped if the loss or gradients are not finite.
 
     Returns the token-mean loss as a device tensor, NaN when the step was skipped; nothing is
-    read back to the host. Fused AdamW (the default optimizer) skips on the device itself,
-    given the verdict as `found_inf`, the mechanism GradScaler uses; other optimizers cannot,
-    so for them the verdict is read before stepping, one host sync per step. The verdict is
+    read back to the host. Fused AdamW (fine-tuning's default), T5's Adafactor (pretraining's) and
+    adamw_scale skip on the device itself, given the verdict as `found_inf`, the mechanism
+    GradScaler uses; other optimizers (unfused AdamW, HF's Adafactor) cannot, so for them the
+    verdict is read before stepping, one host sync per step. The verdict is
     the same on every process because the loss and the gradient norm are all-reduced values.
     """
     total_tokens = counts[0].float()
@@ -85,10 +87,10 @@ def train_step(accelerator, model, optimizer, window: list[dict], counts: torch.
 
 
 def _skips_on_device(optimizer, accelerator) -> bool:
-    # Fused Adam(W) reads `found_inf` and leaves weights, moments and step count untouched when
-    # it is 1. Under fp16 the GradScaler owns that attribute.
-    return (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
-            and accelerator.scaler is None)
+    # Fused Adam(W), T5's Adafactor and adamw_scale read `found_inf` and leave weights, moments and
+    # step counts untouched when it is 1. Under fp16 the GradScaler owns that attribute.
+    fused_adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and optimizer.defaults.get("fused")
+    return bool(fused_adam or isinstance(optimizer, ForeachOptimizer)) and accelerator.scaler is None
 
 
 def guard_nonfinite(accelerator, config: TrainingConfig, state, step: int, applied: bool) -> None:

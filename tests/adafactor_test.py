@@ -329,6 +329,85 @@ class ForeachTest(parameterized.TestCase):
             self.assertEqual(adafactor.foreach_chunks(numels), expected)
 
 
+_THE_RULES = (
+    ("adafactor", lambda groups, foreach: T5Adafactor(groups, lr=1e-2, foreach=foreach)),
+    ("adafactor_without_parameter_scale",
+     lambda groups, foreach: T5Adafactor(groups, lr=1e-2, multiply_by_parameter_scale=False, foreach=foreach)),
+    ("adamw_scale", lambda groups, foreach: AdamWScale(groups, lr=1e-2, foreach=foreach)),
+)
+
+
+class SkipOnTheDeviceTest(parameterized.TestCase):
+    """`found_inf` set to 1 skips a step as fused Adam's does: weights, moments and step counts stay."""
+
+    def _run(self, factory, foreach, schedule, poison=math.inf, start=None):
+        """Steps on gradient sets in `schedule` order, (index, skipped) pairs; a skipped step's first
+        gradient holds `poison`. `start`: (weights, optimizer state) to resume from. Returns the
+        weights and the optimizer."""
+        generator = torch.Generator().manual_seed(0)
+        initial = [torch.randn(shape, generator=generator) for shape in _SHAPES]
+        gradients = [[torch.randn(shape, generator=generator) for shape in _SHAPES] for _ in range(3)]
+        params = [torch.nn.Parameter(x.clone()) for x in (start[0] if start else initial)]
+        optimizer = factory([{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:]}], foreach=foreach)
+        if start:
+            optimizer.load_state_dict(start[1])
+        for index, skipped in schedule:
+            for param, grad in zip(params, gradients[index]):
+                param.grad = grad.clone()
+            if skipped:
+                params[0].grad.view(-1)[:2] = poison
+            optimizer.found_inf = torch.tensor(float(skipped))
+            # Nothing of the verdict reaches the host: on a GPU, a read would wait for the step before.
+            with mock.patch.object(torch.Tensor, "__bool__", side_effect=AssertionError("read on the host")), \
+                    mock.patch.object(torch.Tensor, "item", side_effect=AssertionError("read on the host")):
+                optimizer.step()
+        return params, optimizer
+
+    def _assert_same(self, first, second):
+        (params_a, optimizer_a), (params_b, optimizer_b) = first, second
+        for a, b in zip(params_a, params_b):
+            self.assertTrue(torch.equal(a, b))
+        for a, b in zip(params_a, params_b):
+            state_a, state_b = optimizer_a.state[a], optimizer_b.state[b]
+            self.assertEqual(sorted(state_a), sorted(state_b))
+            for key in state_a:
+                self.assertTrue(torch.equal(state_a[key], state_b[key]), key)
+
+    @parameterized.named_parameters(
+        *[(f"{name}_{kind}_{poison}", factory, foreach, poison)
+          for name, factory in _THE_RULES for kind, foreach in (("each", False), ("together", True))
+          for poison in (math.inf, math.nan)])
+    def test_a_skipped_step_changes_nothing_that_later_steps_see(self, factory, foreach, poison):
+        # Bitwise: steps 1 and 3 around a skipped one are steps 1 and 2 of a run without it.
+        with_a_skip = self._run(factory, foreach, [(0, False), (1, True), (2, False)], poison)
+        without = self._run(factory, foreach, [(0, False), (2, False)])
+        self._assert_same(with_a_skip, without)
+        self.assertEqual(with_a_skip[1].state[with_a_skip[0][0]]["step"].item(), 2.0)
+
+    @parameterized.named_parameters(
+        *[(f"{name}_{kind}", factory, foreach)
+          for name, factory in _THE_RULES for kind, foreach in (("each", False), ("together", True))])
+    def test_a_skipped_first_step_leaves_fresh_state(self, factory, foreach):
+        # The moments are still zero there, where an update of zero gradients would divide 0 by 0.
+        skipped = self._run(factory, foreach, [(1, True)])
+        fresh = self._run(factory, foreach, [])
+        for a, b in zip(skipped[0], fresh[0]):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual({state["step"].item() for state in skipped[1].state.values()}, {0.0})
+        self._assert_same(self._run(factory, foreach, [(1, True), (0, False)]),
+                          self._run(factory, foreach, [(0, False)]))
+
+    @parameterized.named_parameters(*_THE_RULES)
+    def test_a_host_count_from_an_earlier_checkpoint_carries_on(self, factory):
+        # Step counts were Python ints before they moved to the device; such a checkpoint resumes.
+        params, optimizer = self._run(factory, False, [(0, False)])
+        saved = optimizer.state_dict()
+        for state in saved["state"].values():
+            state["step"] = int(state["step"].item())
+        resumed = self._run(factory, False, [(2, False)], start=([p.detach() for p in params], saved))
+        self._assert_same(resumed, self._run(factory, False, [(0, False), (2, False)]))
+
+
 _STEP_PEAKS = """
 import json, torch
 from t5_training.adafactor import T5Adafactor

@@ -216,8 +216,10 @@ class NonFiniteGuardTest(absltest.TestCase):
         self.assertEqual(state.nonfinite_in_a_row, 0)
 
 
-class HostSyncTest(absltest.TestCase):
-    def test_no_host_read_between_logging_steps(self):
+class HostSyncTest(parameterized.TestCase):
+    # Fine-tuning's default optimizer (fused AdamW), pretraining's (T5's Adafactor), and nanoT5's.
+    @parameterized.parameters("adamw_torch", "adafactor", "adamw_scale")
+    def test_no_host_read_between_logging_steps(self, optim):
         # Every way a tensor's value reaches Python is recorded when the loop's own code asks
         # for it; the steps (and the loop around them) must ask for none. (transformers' T5
         # reads its attention mask once per forward to decide whether SDPA needs it; that read
@@ -238,14 +240,16 @@ class HostSyncTest(absltest.TestCase):
         with tempfile.TemporaryDirectory() as out, contextlib.ExitStack() as stack:
             for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
                 stack.enter_context(recording(name))
-            _run(out, "--max_steps", "8", "--logging_steps", "4", "--gradient_accumulation_steps", "2")
+            _run(out, "--max_steps", "8", "--logging_steps", "4", "--gradient_accumulation_steps", "2",
+                 "--optim", optim)
         per_step = {"train_step", "window_counts", "train", "_micro_batches", "forward_loss_sum",
                     "token_cross_entropy_sum", "add", "maybe_log", "due"}
         self.assertFalse(per_step & set(reads), sorted(set(reads)))
         # Two logging steps, each reading the losses and the counts once.
         self.assertEqual(reads.count("flush"), 4, reads)
 
-    def test_no_cuda_sync_inside_a_step_but_the_models_own(self):
+    @parameterized.parameters("adamw_torch", "adafactor", "adamw_scale")
+    def test_no_cuda_sync_inside_a_step_but_the_models_own(self, optim):
         # On a GPU, what the test above checks by name, CUDA itself checks: every synchronizing
         # call made inside a step warns. The model's own read of its attention mask (transformers'
         # masking utilities decide there whether SDPA may skip the mask) is the one allowed.
@@ -273,7 +277,8 @@ class HostSyncTest(absltest.TestCase):
         with tempfile.TemporaryDirectory() as out, \
                 mock.patch.object(loop, "train_step", checked(loop.train_step)), \
                 mock.patch.object(loop, "window_counts", checked(loop.window_counts)):
-            _run(out, "--max_steps", "4", "--logging_steps", "4", "--gradient_accumulation_steps", "2")
+            _run(out, "--max_steps", "4", "--logging_steps", "4", "--gradient_accumulation_steps", "2",
+                 "--optim", optim)
         self.assertEqual(sorted(calls), ["train_step"] * 4 + ["window_counts"] * 4)
         checked(lambda: torch.ones(1, device="cuda").item())()  # a read: the check sees it
         self.assertTrue(syncs and syncs[-1].filename == __file__, [str(w.message) for w in syncs])
