@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from t5_training.adafactor import ForeachOptimizer, T5Adafactor, kept_or_one
+from t5_training.adafactor import T5Adafactor
+from t5_training.foreach import ForeachOptimizer, kept_or_one
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
 
@@ -119,7 +120,7 @@ class AdamWScale(ForeachOptimizer):
     near zero still move. Weight decay is decoupled, as in AdamW, and not scaled.
 
     `foreach` (ForeachOptimizer; by default on a GPU) updates a group's tensors together with
-    torch's multi-tensor ops, in chunks (adafactor.foreach_chunks); `foreach=False` is the same
+    torch's multi-tensor ops, in chunks (foreach.foreach_chunks); `foreach=False` is the same
     update one tensor at a time, the reference the tests hold it to.
     """
 

@@ -12,7 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import transformers
 
-from t5_training import adafactor, adapters, optim
+from t5_training import adapters, foreach, optim
 from t5_training.tools import adapter_memory, memory
 from t5_training.errors import UsageError, run_cli
 from tests import fixtures
@@ -86,15 +86,15 @@ class HandComputedTest(absltest.TestCase):
     def test_adafactor_steps_a_chunk_at_a_time_on_a_gpu_and_a_tensor_at_a_time_on_a_cpu(self):
         # A tiny batch, so that the optimizer step is the peak. t5-small's largest tensor is the
         # shared embedding (32128 x 512 = 16.4M elements); its decay group packs into chunks of up
-        # to 2^24 elements (adafactor.foreach_chunks), the largest holding the embedding and more.
+        # to 2^24 elements (foreach.foreach_chunks), the largest holding the embedding and more.
         config = _small_config()
         on = {device: memory.estimate(config, batch_size=1, source_length=8, target_length=2, optim="adafactor",
                                       device=device) for device in ("cpu", "cuda")}
         shapes = memory.parameter_shapes(config)
         learn = list(shapes)
         decay = [math.prod(shapes[n]) for n in learn if optim.takes_weight_decay(n, len(shapes[n]))]
-        chunk = max(sum(decay[i] for i in c) for c in adafactor.foreach_chunks(decay))
-        self.assertLessEqual(chunk, adafactor.FOREACH_CHUNK_ELEMENTS)
+        chunk = max(sum(decay[i] for i in c) for c in foreach.foreach_chunks(decay))
+        self.assertLessEqual(chunk, foreach.FOREACH_CHUNK_ELEMENTS)
         self.assertGreater(chunk, 32128 * 512)
         for device, result in on.items():
             self.assertEqual(result.peak_at, "optimizer step", device)

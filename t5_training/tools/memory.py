@@ -25,7 +25,7 @@ with the peak followed through the backward pass rather than summed.
 
 The optimizer step holds weights, gradients, state and its temporaries: none for the fused AdamW
 that optim.py builds; on a GPU, one copy of the largest chunk of tensors that T5's Adafactor and
-adamw_scale update together (adafactor.foreach_chunks: 64 MiB, or the largest tensor), on a CPU,
+adamw_scale update together (foreach.foreach_chunks: 64 MiB, or the largest tensor), on a CPU,
 where they step one tensor at a time, one copy of the largest tensor; two copies of the largest
 tensor for HF's Adafactor; DeepSpeed's unfused client AdamW copies its
 partition (foreach on a GPU once, per tensor on a CPU twice). Not counted: the

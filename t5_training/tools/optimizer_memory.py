@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from t5_training.adafactor import factored_dims, foreach_chunks
+from t5_training.adafactor import factored_dims
+from t5_training.foreach import foreach_chunks
 from t5_training.optim import takes_weight_decay
 
 
@@ -33,7 +34,7 @@ def step_temporaries(optim: str, device: str, zero_stage: int, largest: int, chu
     optim.py builds fused AdamW outside DeepSpeed: one kernel in place, nothing extra. DeepSpeed
     drives an unfused client AdamW over its flat partition: foreach on a GPU (one copy of it),
     per tensor on a CPU (two). T5's Adafactor and adamw_scale step a chunk of tensors at a time on
-    a GPU (adafactor.foreach_chunks) and hold one copy of it at their peak; one tensor at a time on
+    a GPU (foreach.foreach_chunks) and hold one copy of it at their peak; one tensor at a time on
     a CPU, holding one copy of the tensor they are updating. HF's Adafactor holds two, on either.
     """
     if optim == "adamw_torch":
