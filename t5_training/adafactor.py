@@ -142,7 +142,8 @@ class T5Adafactor(ForeachOptimizer):
         updates = [_factored_update(state, d, m, weight, keep) if d else None
                    for state, d, m, weight in zip(states, dims, means, weights)]
         if whole:
-            lifted = torch._foreach_add(seconds, 1 - keep)  # see _factored_update
+            # See _factored_update; a list, as in ForeachOptimizer.step, so that nothing is read on the host.
+            lifted = torch._foreach_add(seconds, [1 - keep] * len(seconds))
             torch._foreach_rsqrt_(lifted)
             for i, update in zip(whole, lifted):
                 updates[i] = update

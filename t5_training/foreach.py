@@ -75,11 +75,25 @@ class ForeachOptimizer(torch.optim.Optimizer):
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
             state.update(self.initial_state(p, group))
-        elif not (torch.is_tensor(state["step"]) and state["step"].device == p.device):
-            # An earlier version's checkpoint counted on the host, and torch's load_state_dict leaves
-            # a step count on the device it was saved from.
-            state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(p.device)
         return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, with each tensor's state in the dtypes `initial_state` gives it and its step
+        count as `state_of` keeps it. torch casts every floating state tensor to its weight's dtype,
+        which would round Adafactor's fp32 moments of bf16 weights to bf16, and leaves a step count
+        where it was saved (a Python int in checkpoints of earlier versions): those are taken again
+        from `state_dict` as saved."""
+        super().load_state_dict(state_dict)
+        saved_ids = [index for group in state_dict["param_groups"] for index in group["params"]]
+        ours = [(p, group) for group in self.param_groups for p in group["params"]]
+        for index, (p, group) in zip(saved_ids, ours):
+            saved = state_dict["state"].get(index)
+            if not saved:
+                continue
+            state = self.state[p]
+            for key, initial in self.initial_state(p, group).items():
+                state[key] = saved[key].to(device=p.device, dtype=initial.dtype)
+            state["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).to(p.device)
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
@@ -92,7 +106,9 @@ class ForeachOptimizer(torch.optim.Optimizer):
                     continue
                 keep = _kept(found_inf, params)
                 states = [self.state_of(p, group) for p in params]
-                torch._foreach_add_([state["step"] for state in states], keep)
+                # `keep` once per count, a list: given as one tensor, torch would take it for a
+                # Python number and read it on the host.
+                torch._foreach_add_([state["step"] for state in states], [keep] * len(states))
                 foreach = group.get("foreach")
                 if not (foreach if foreach is not None else all(p.is_cuda for p in params)):
                     self.update_each(group, params, states, keep)

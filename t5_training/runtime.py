@@ -131,12 +131,12 @@ def save_whole_activations_for_backward() -> None:
 
     T5's feed-forward block views its ReLU output (batch, length, d_ff) as a matrix for the next
     matmul. Without recomputable views the partitioner cannot derive the ReLU's backward mask from
-    the saved matrix, so the forward pass stores a bool mask of every element as well; inductor's
-    CPU kernels store and load bool masks about 20 times slower than eager's (measured with torch
-    2.13: 1.08 ms against 0.05 ms for 131,072 elements), and a compiled t5-tiny step took 92 ms
-    against eager's 83. With them, the mask is recomputed from the saved activation inside the
-    backward kernel, and the step takes eager's time or less (docs/performance.md). Process-wide,
-    as torch keeps the setting; set only where a CPU compiles, where it was measured.
+    the saved matrix, so the forward pass stores a bool mask of every element as well, and
+    inductor's CPU kernels store and load bool masks many times slower than eager's (torch 2.13):
+    compiled pretraining ran slower than eager. With them, the mask is recomputed from the saved
+    activation inside the backward kernel, and compiled runs faster than eager
+    (docs/results/performance.md#compiling). Process-wide, as torch keeps the setting; set only
+    where a CPU compiles, where it was measured.
     """
     import torch._functorch.config
 

@@ -15,9 +15,9 @@ import torch
 from accelerate.utils import DistributedType
 
 from t5_training import losses
-from t5_training.foreach import ForeachOptimizer
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError
+from t5_training.foreach import ForeachOptimizer
 from t5_training.interrupts import kill_point
 
 

@@ -256,6 +256,36 @@ def graphs_per_step():
         yield steps
 
 
+# The ops by which a tensor's value reaches the host: item(), bool(), and a tensor passed where an
+# op takes a Python number (torch reads it first). On a GPU each waits for the work queued before it.
+_HOST_READS = ("aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal")
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Records every read of a tensor's value by the host, at the dispatcher (so reads made inside
+    torch's own C++ count too), as the innermost Python frame outside torch that caused it:
+    (file name, function name)."""
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch_dir = os.path.dirname(torch.__file__)
+    reads = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name in _HOST_READS:
+                frame = next(f for f in reversed(traceback.extract_stack()) if not f.filename.startswith(torch_dir)
+                             and f.filename != __file__)
+                reads.append((os.path.basename(frame.filename), frame.name))
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        yield reads
+
+
 def assert_compiled_once_per_shape(test, steps: list) -> None:
     """The first step compiled, and no step compiled a graph for shapes an earlier step had."""
     test.assertGreater(steps[0][1], 0, "the first step compiled nothing: the model is not compiled")

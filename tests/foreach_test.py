@@ -1,5 +1,6 @@
 """Tests for t5_training.foreach: the multi-tensor step of T5's Adafactor and adamw_scale, and
 their skip on the device."""
+import copy
 import math
 from unittest import mock
 
@@ -10,6 +11,7 @@ import torch
 from t5_training import foreach
 from t5_training.adafactor import T5Adafactor
 from t5_training.optim import AdamWScale
+from tests import fixtures
 
 
 # The per-tensor rules, as factory(groups, foreach).
@@ -18,6 +20,9 @@ _THE_RULES = (
     ("adafactor_without_parameter_scale",
      lambda groups, foreach: T5Adafactor(groups, lr=1e-2, multiply_by_parameter_scale=False, foreach=foreach)),
     ("adamw_scale", lambda groups, foreach: AdamWScale(groups, lr=1e-2, foreach=foreach)),
+    # Factoring the (32, 4) tensor too.
+    ("adafactor_factoring_from_4",
+     lambda groups, foreach: T5Adafactor(groups, lr=1e-2, min_dim_size_to_factor=4, foreach=foreach)),
 )
 
 # T5's kinds of tensor: factored matrices both ways round, the relative attention bias (too narrow
@@ -64,9 +69,12 @@ class ForeachTest(parameterized.TestCase):
         # There is no kernel launch to save on a CPU, and one tensor's passes run while it is in cache.
         param = torch.nn.Parameter(torch.ones(3))
         param.grad = torch.ones(3)
-        for choice, method in ((None, "update_each"), (False, "update_each"), (True, "update_together")):
+        for choice, method, on_a_gpu in ((None, "update_each", False), (False, "update_each", False),
+                                         (True, "update_together", False), (None, "update_together", True),
+                                         (False, "update_each", True)):
             optimizer = factory([param], choice)
-            with mock.patch.object(type(optimizer), method, autospec=True) as chosen:
+            with mock.patch.object(type(optimizer), method, autospec=True) as chosen, \
+                    mock.patch.object(torch.Tensor, "is_cuda", new_callable=mock.PropertyMock, return_value=on_a_gpu):
                 optimizer.step()
             chosen.assert_called_once()
 
@@ -108,10 +116,11 @@ class SkipOnTheDeviceTest(parameterized.TestCase):
             if skipped:
                 params[0].grad.view(-1)[:2] = poison
             optimizer.found_inf = torch.tensor(float(skipped))
-            # Nothing of the verdict reaches the host: on a GPU, a read would wait for the step before.
-            with mock.patch.object(torch.Tensor, "__bool__", side_effect=AssertionError("read on the host")), \
-                    mock.patch.object(torch.Tensor, "item", side_effect=AssertionError("read on the host")):
+            # Nothing of the verdict, or of any other tensor, reaches the host: on a GPU a read
+            # would wait for the work queued before the step.
+            with fixtures.host_reads() as reads:
                 optimizer.step()
+            self.assertEqual(reads, [])
         return params, optimizer
 
     def _assert_same(self, first, second):
@@ -159,10 +168,91 @@ class SkipOnTheDeviceTest(parameterized.TestCase):
         self._assert_same(resumed, self._run(factory, False, [(0, False), (2, False)]))
 
 
+class StateTest(parameterized.TestCase):
+    @parameterized.named_parameters(*_THE_RULES)
+    def test_state_lives_where_each_tensor_does_in_its_dtype(self, factory):
+        # On the tensors' device whatever torch's default dtype and wherever the verdict and a
+        # resumed step count come from (torch's load_state_dict leaves a count where it was saved).
+        # The meta device stands in for a GPU: nothing there mixes with a CPU tensor unnoticed.
+        def meta_params():
+            params = [torch.nn.Parameter(torch.zeros(shape, device="meta")) for shape in _SHAPES]
+            for p in params:
+                p.grad = torch.zeros(p.shape, device="meta")
+            return params
+
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            for together in (False, True):
+                params = meta_params()
+                optimizer = factory([{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:]}], together)
+                optimizer.step()
+                optimizer.found_inf = torch.zeros(())  # on the CPU
+                optimizer.step()
+                self._assert_on_meta_in_its_dtype(optimizer, params)
+                saved = optimizer.state_dict()
+                for state in saved["state"].values():
+                    state["step"] = torch.full((), 2.0)  # as loaded onto the CPU (in fp64 here)
+                resumed_params = meta_params()
+                resumed = factory([{"params": resumed_params[:3], "weight_decay": 0.1},
+                                   {"params": resumed_params[3:]}], together)
+                resumed.load_state_dict(saved)
+                resumed.step()
+                self._assert_on_meta_in_its_dtype(resumed, resumed_params)
+        finally:
+            torch.set_default_dtype(default)
+
+    def _assert_on_meta_in_its_dtype(self, optimizer, params):
+        # Adafactor's moments in fp32, adamw_scale's in the weights' dtype (fp64 here), each step
+        # count in fp32.
+        groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        for p in params:
+            expected = {key: value.dtype for key, value in optimizer.initial_state(p, groups[id(p)]).items()}
+            for key, value in optimizer.state[p].items():
+                self.assertEqual((value.device.type, value.dtype), ("meta", expected.get(key, torch.float32)), key)
+
+    def test_resumed_bf16_weights_keep_fp32_moments_and_step_as_without_a_stop(self):
+        # torch's load_state_dict casts state to the weights' dtype: bf16 moments would round
+        # every later step differently from a run that never stopped.
+        generator = torch.Generator().manual_seed(0)
+        initial = [torch.randn(shape, generator=generator).to(torch.bfloat16) for shape in _SHAPES]
+        gradients = [[torch.randn(shape, generator=generator).to(torch.bfloat16) for shape in _SHAPES]
+                     for _ in range(2)]
+
+        def stepped(weights, steps, state=None):
+            params = [torch.nn.Parameter(w.clone()) for w in weights]
+            optimizer = T5Adafactor(params)
+            if state:
+                optimizer.load_state_dict(copy.deepcopy(state))
+            for grads in steps:
+                for p, g in zip(params, grads):
+                    p.grad = g.clone()
+                optimizer.step()
+            return params, optimizer
+
+        through, uninterrupted = stepped(initial, gradients)
+        stopped, before = stepped(initial, gradients[:1])
+        resumed, after = stepped([p.detach() for p in stopped], gradients[1:], before.state_dict())
+        for a, b in zip(through, resumed):
+            self.assertTrue(torch.equal(a, b))
+            for key, value in after.state[b].items():
+                self.assertEqual(value.dtype, torch.float32, key)
+                self.assertTrue(torch.equal(value, uninterrupted.state[a][key]), key)
+
+    @parameterized.named_parameters(*_THE_RULES)
+    def test_a_group_without_gradients_leaves_the_next_group_to_step(self, factory):
+        idle, moved = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+        moved.grad = torch.ones(3)
+        factory([{"params": [idle]}, {"params": [moved]}], None).step()
+        self.assertTrue(torch.equal(idle.detach(), torch.ones(3)))
+        self.assertFalse(torch.equal(moved.detach(), torch.ones(3)))
+
+
 _STEP_PEAKS = """
 import json, torch
 from t5_training.adafactor import T5Adafactor
 from t5_training.optim import AdamWScale
+from tests import fixtures
 def kib(field):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field))

@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import fine_tune_t5
-from t5_training import loop, losses, run_dir, step
+from t5_training import adafactor, foreach, loop, losses, run_dir, step
+from t5_training import optim as optim_module
 from t5_training.config import TrainingConfig
 from t5_training.errors import DivergedError, UsageError, run_cli
 from tests import fixtures
@@ -240,11 +241,16 @@ class HostSyncTest(parameterized.TestCase):
         with tempfile.TemporaryDirectory() as out, contextlib.ExitStack() as stack:
             for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
                 stack.enter_context(recording(name))
+            # And the reads torch makes itself, as where a tensor is given for a Python number.
+            torch_reads = stack.enter_context(fixtures.host_reads())
             _run(out, "--max_steps", "8", "--logging_steps", "4", "--gradient_accumulation_steps", "2",
                  "--optim", optim)
         per_step = {"train_step", "window_counts", "train", "_micro_batches", "forward_loss_sum",
                     "token_cross_entropy_sum", "add", "maybe_log", "due"}
         self.assertFalse(per_step & set(reads), sorted(set(reads)))
+        optimizers = {os.path.basename(m.__file__) for m in (foreach, adafactor, optim_module)}
+        self.assertEqual([(file, function) for file, function in torch_reads
+                          if function in per_step or file in optimizers], [])
         # Two logging steps, each reading the losses and the counts once.
         self.assertEqual(reads.count("flush"), 4, reads)
 
