@@ -1,5 +1,6 @@
 """Tests for t5_training.foreach: the multi-tensor step of T5's Adafactor and adamw_scale, and
 their skip on the device."""
+import contextlib
 import copy
 import math
 from unittest import mock
@@ -96,16 +97,28 @@ class ForeachTest(parameterized.TestCase):
             self.assertEqual(foreach.foreach_chunks(numels), expected)
 
 
+@contextlib.contextmanager
+def _no_cuda_sync(device: str):
+    """On a GPU, CUDA raises at any call that makes the host wait for it."""
+    if device != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
 class SkipOnTheDeviceTest(parameterized.TestCase):
     """`found_inf` set to 1 skips a step as fused Adam's does: weights, moments and step counts stay."""
 
-    def _run(self, factory, foreach, schedule, poison=math.inf, start=None):
+    def _run(self, factory, foreach, schedule, poison=math.inf, start=None, device="cpu"):
         """Steps on gradient sets in `schedule` order, (index, skipped) pairs; a skipped step's first
         gradient holds `poison`. `start`: (weights, optimizer state) to resume from. Returns the
         weights and the optimizer."""
         generator = torch.Generator().manual_seed(0)
-        initial = [torch.randn(shape, generator=generator) for shape in _SHAPES]
-        gradients = [[torch.randn(shape, generator=generator) for shape in _SHAPES] for _ in range(3)]
+        initial = [torch.randn(shape, generator=generator).to(device) for shape in _SHAPES]
+        gradients = [[torch.randn(shape, generator=generator).to(device) for shape in _SHAPES] for _ in range(3)]
         params = [torch.nn.Parameter(x.clone()) for x in (start[0] if start else initial)]
         optimizer = factory([{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:]}], foreach=foreach)
         if start:
@@ -115,10 +128,10 @@ class SkipOnTheDeviceTest(parameterized.TestCase):
                 param.grad = grad.clone()
             if skipped:
                 params[0].grad.view(-1)[:2] = poison
-            optimizer.found_inf = torch.tensor(float(skipped))
+            optimizer.found_inf = torch.full((), float(skipped), device=device)
             # Nothing of the verdict, or of any other tensor, reaches the host: on a GPU a read
-            # would wait for the work queued before the step.
-            with fixtures.host_reads() as reads:
+            # would wait for the work queued before the step (and CUDA itself raises there).
+            with fixtures.host_reads() as reads, _no_cuda_sync(device):
                 optimizer.step()
             self.assertEqual(reads, [])
         return params, optimizer
@@ -156,6 +169,18 @@ class SkipOnTheDeviceTest(parameterized.TestCase):
         self.assertEqual({state["step"].item() for state in skipped[1].state.values()}, {0.0})
         self._assert_same(self._run(factory, foreach, [(1, True), (0, False)]),
                           self._run(factory, foreach, [(0, False)]))
+
+    def test_on_a_gpu_the_multi_tensor_step_skips_alike_and_is_the_cpus_loop(self):
+        if not torch.cuda.is_available():
+            self.skipTest("needs a GPU: T5_TRAINING_TEST_DEVICE=cuda (tools/gpu_check.sh runs it)")
+        for name, factory in _THE_RULES:
+            with self.subTest(name):
+                # foreach None: the multi-tensor step, as on every GPU by default.
+                with_a_skip = self._run(factory, None, [(0, False), (1, True), (2, False)], device="cuda")
+                without = self._run(factory, None, [(0, False), (2, False)], device="cuda")
+                self._assert_same(with_a_skip, without)
+                for a, b in zip(without[0], self._run(factory, False, [(0, False), (2, False)])[0]):
+                    torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
 
     @parameterized.named_parameters(*_THE_RULES)
     def test_a_host_count_from_an_earlier_checkpoint_carries_on(self, factory):

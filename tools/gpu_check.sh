@@ -49,15 +49,15 @@ export T5_TRAINING_TEST_DEVICE=cuda T5_TRAINING_DATA=$PWD/$CARRY/data WANDB_MODE
 TESTS_S=${TESTS_S:-190} BENCH_S=${BENCH_S:-90} MFU_S=${MFU_S:-40} MEMORY_S=${MEMORY_S:-60}
 COMPILED_MFU_S=${COMPILED_MFU_S:-85}
 
-# The CUDA subset: the loop, fine-tuning, pretraining, evaluation, resume, checkpoint, batch size
-# and the model. -n 4: four test processes share the GPU (each owns its accelerate state, and the
-# script runs they start are bound by Python's start-up, not by the GPU); --timeout: a hung test
-# fails alone; SIGINT at the time limit: pytest still prints the failures so far (-v lists every
-# result as it comes).
+# The CUDA subset: the loop, the optimizers' multi-tensor step, fine-tuning, pretraining,
+# evaluation, resume, checkpoint, batch size and the model. -n 4: four test processes share the
+# GPU (each owns its accelerate state, and the script runs they start are bound by Python's
+# start-up, not by the GPU); --timeout: a hung test fails alone; SIGINT at the time limit: pytest
+# still prints the failures so far (-v lists every result as it comes).
 timeout -s INT -k 20 "$TESTS_S" python3 -m pytest -n 4 -p no:cacheprovider -v --tb=short -rfE --timeout 90 \
-    --junitxml "$OUT/cuda_tests.xml" tests/device_test.py tests/loop_test.py tests/fine_tune_t5_test.py \
-    tests/pre_train_t5_test.py tests/evaluation_test.py tests/resume_test.py tests/checkpoint_test.py \
-    tests/batch_size_test.py tests/modeling_test.py > "$OUT/cuda_tests.log" 2>&1
+    --junitxml "$OUT/cuda_tests.xml" tests/device_test.py tests/loop_test.py tests/foreach_test.py \
+    tests/fine_tune_t5_test.py tests/pre_train_t5_test.py tests/evaluation_test.py tests/resume_test.py \
+    tests/checkpoint_test.py tests/batch_size_test.py tests/modeling_test.py > "$OUT/cuda_tests.log" 2>&1
 echo "tests: exit $?"; tail -40 "$OUT/cuda_tests.log"
 
 timeout "$BENCH_S" python3 benchmarks/fine_tune_throughput.py --device cuda --bf16 --steps 60 --repeats 1 \
