@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from t5_training.adafactor import T5Adafactor
-from t5_training.foreach import ForeachOptimizer, kept_or_one
 from t5_training.config import TrainingConfig
 from t5_training.errors import UsageError
+from t5_training.foreach import ForeachOptimizer, kept_or_one
 
 if TYPE_CHECKING:
     from accelerate.utils import DummyOptim
