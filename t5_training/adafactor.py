@@ -83,8 +83,10 @@ class T5Adafactor(ForeachOptimizer):
 
     def update_each(self, group: dict, params: list[torch.Tensor], states: list[dict], keep: torch.Tensor) -> None:
         eps1, eps2 = group["eps"]
-        weights = _moment_weights(states, group["decay_exponent"], keep)
-        for p, state, weight in zip(params, states, weights):
+        weights, decays = _moment_rates(states, group["decay_exponent"], keep)
+        lift = 1 - keep  # see _factored_update
+        shrink = kept_or_one(1 - group["lr"] * group["weight_decay"], keep)
+        for p, state, weight, decay in zip(params, states, weights, decays):
             dims = factored_dims(p.shape, group["min_dim_size_to_factor"])
             # Computed in fp32 whatever the weights' dtype, as Mesh TF's to_float does.
             grad = p.grad.float()
@@ -94,13 +96,12 @@ class T5Adafactor(ForeachOptimizer):
             if dims:
                 means = _means(grad_sq, dims)
                 del grad_sq
-                update = _factored_update(state, dims, means, weight, keep)
+                update = _factored_update(state, dims, means, weight, decay, lift)
             else:
                 second = state["second_moment"]
-                second.mul_(1 - weight).addcmul_(grad_sq, weight)
+                second.mul_(decay).addcmul_(grad_sq, weight)
                 del grad_sq
-                # 1 - keep: see _factored_update.
-                update = second.add(1 - keep).rsqrt_()
+                update = second.add(lift).rsqrt_()
             update.mul_(grad)
             update.div_((_rms(update) / group["clipping_threshold"]).clamp_(min=1.0))
             scale = group["lr"]
@@ -108,7 +109,7 @@ class T5Adafactor(ForeachOptimizer):
                 # A tensor, not a float: reading it on the host would stall a GPU per tensor.
                 scale = _rms(value).clamp_(min=eps2) * group["lr"]
             if group["weight_decay"]:
-                value.mul_(kept_or_one(1 - group["lr"] * group["weight_decay"], keep))
+                value.mul_(shrink)
             value.sub_(update.mul_(scale))
             p.copy_(value)
             # Freed here, not when the next tensor's update replaces it: the step's peak stays one
@@ -122,7 +123,8 @@ class T5Adafactor(ForeachOptimizer):
         dims = [factored_dims(p.shape, group["min_dim_size_to_factor"]) for p in params]
         grads = [p.grad.float() for p in params]
         values = [p.float() for p in params]  # the weights themselves where they are fp32
-        weights = _moment_weights(states, group["decay_exponent"], keep)
+        weights, decays = _moment_rates(states, group["decay_exponent"], keep)
+        lift = 1 - keep  # see _factored_update
         grad_sq = torch._foreach_mul(grads, grads)
         torch._foreach_add_(grad_sq, eps1)
         # As in the loop, the squared gradients are gone before the updates take their place: the
@@ -131,19 +133,17 @@ class T5Adafactor(ForeachOptimizer):
         whole = [i for i, d in enumerate(dims) if not d]
         seconds = [states[i]["second_moment"] for i in whole]
         if whole:
-            decays = torch._foreach_neg([weights[i] for i in whole])
-            torch._foreach_add_(decays, 1.0)
-            torch._foreach_mul_(seconds, decays)
+            torch._foreach_mul_(seconds, [decays[i] for i in whole])
             new = [grad_sq[i] for i in whole]
             torch._foreach_mul_(new, [weights[i] for i in whole])
             torch._foreach_add_(seconds, new)
             del new
         del grad_sq
-        updates = [_factored_update(state, d, m, weight, keep) if d else None
-                   for state, d, m, weight in zip(states, dims, means, weights)]
+        updates = [_factored_update(state, d, m, weight, decay, lift) if d else None
+                   for state, d, m, weight, decay in zip(states, dims, means, weights, decays)]
         if whole:
-            # See _factored_update; a list, as in ForeachOptimizer.step, so that nothing is read on the host.
-            lifted = torch._foreach_add(seconds, [1 - keep] * len(seconds))
+            # A list, as in ForeachOptimizer.step, so that nothing is read on the host.
+            lifted = torch._foreach_add(seconds, [lift] * len(seconds))
             torch._foreach_rsqrt_(lifted)
             for i, update in zip(whole, lifted):
                 updates[i] = update
@@ -170,8 +170,10 @@ class T5Adafactor(ForeachOptimizer):
                 p.copy_(value)
 
 
-def _moment_weights(states: list[dict], decay_exponent: float, keep: torch.Tensor) -> list[torch.Tensor]:
-    """Each tensor's 1 - beta2 = t^-decay_exponent at its step t (1 at the first), 0 on a skipped step.
+def _moment_rates(states: list[dict], decay_exponent: float,
+                  keep: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each tensor's weight of the new squared gradient, 1 - beta2 = t^-decay_exponent at its step t
+    (1 at the first; 0 on a skipped step), and the old moment's, beta2 = 1 - that weight.
 
     Mesh TF's decay rate is 1 - t^-0.8 of the global step, which is every tensor's step here but
     a tensor's that misses steps. A tensor whose first step is skipped still counts 0: as 1 here.
@@ -179,7 +181,9 @@ def _moment_weights(states: list[dict], decay_exponent: float, keep: torch.Tenso
     weights = torch._foreach_clamp_min([state["step"] for state in states], 1.0)
     torch._foreach_pow_(weights, -decay_exponent)
     torch._foreach_mul_(weights, keep)
-    return weights
+    decays = torch._foreach_neg(weights)
+    torch._foreach_add_(decays, 1.0)
+    return weights, decays
 
 
 def _means(grad_sq: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,15 +192,15 @@ def _means(grad_sq: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, 
 
 
 def _factored_update(state: dict, dims: tuple[int, int], means: tuple[torch.Tensor, torch.Tensor],
-                     weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Advances the factored second moment (R and C, from `_means`) by `weight` and returns 1 / sqrt(V).
+                     weight: torch.Tensor, decay: torch.Tensor, lift: torch.Tensor) -> torch.Tensor:
+    """Advances the factored second moment (R and C, from `_means`; see _moment_rates) and returns
+    1 / sqrt(V).
 
-    On a skipped step (keep 0) the moments stay as they were and the gradient is zero, so the
-    update is too, unless the moments are still zero (a tensor's skipped first step), where
-    0 / 0 would make it NaN: 1 - keep (0 on an applied step) is added to them for the division.
+    On a skipped step the moments stay as they were and the gradient is zero, so the update is
+    too, unless the moments are still zero (a tensor's skipped first step), where 0 / 0 would make
+    it NaN: `lift`, 1 - keep (0 on an applied step), is added to them for the division.
     """
     row, col = state["row"], state["col"]
-    row.mul_(1 - weight).addcmul_(means[0], weight)
-    col.mul_(1 - weight).addcmul_(means[1], weight)
-    lift = 1 - keep
+    row.mul_(decay).addcmul_(means[0], weight)
+    col.mul_(decay).addcmul_(means[1], weight)
     return ((row + lift) / (row.mean(dim=dims[1], keepdim=True) + lift)).rsqrt_() * (col + lift).rsqrt_()

@@ -23,9 +23,10 @@ def pad_multiple() -> int:
 
 def compile_widths(max_length: int) -> tuple[int, ...]:
     """The widths training batches are padded to under --torch_compile on a GPU (see
-    `compiled_widths`): powers of two from 8, then `max_length` rounded up to 8. A compiled model runs one static graph per batch shape, so the
-    shapes must be few; doubling widths pad a batch by under half its longest row (a quarter on
-    average) and give log2(max_length / 8) + 1 widths: 7 up to 512."""
+    `compiled_widths`): powers of two from 8, then `max_length` rounded up to 8. A compiled model
+    runs one static graph per batch shape, so the shapes must be few; doubling widths pad a batch
+    by under half its longest row (a quarter on average) and give log2(max_length / 8) + 1 widths:
+    7 up to 512."""
     widths = [GPU_PAD_MULTIPLE]
     while widths[-1] < max_length:
         widths.append(min(2 * widths[-1], -(-max_length // GPU_PAD_MULTIPLE) * GPU_PAD_MULTIPLE))
@@ -38,9 +39,9 @@ def compiled_widths(config) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
 
     Only on a GPU: static graphs are the fastest kernels there and what CUDA graphs
     (--torch_compile_mode reduce-overhead) need, and its batches are padded to 8 anyway. On a CPU
-    padding costs its full share of compute: on SST-2 (t5-tiny, batch 32), widths ran at 0.62x
-    eager's speed, most of it the LM head over 8 target positions instead of 2 or 3, while one
-    graph for symbolic lengths ran at 1.09x (benchmarks/compile_speed.py, docs/results/performance.md).
+    padding costs its full share of compute: on SST-2 (t5-tiny, batch 32) widths ran slower than
+    eager, most of it the LM head over 8 target positions instead of 2 or 3, while one graph for
+    symbolic lengths ran faster (benchmarks/compile_speed.py, docs/results/performance.md#compiling).
     """
     if not (config.torch_compile and runs_on_cuda()):
         return None

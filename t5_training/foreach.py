@@ -46,9 +46,8 @@ class ForeachOptimizer(torch.optim.Optimizer):
     A group's `foreach` chooses; None (the default) is foreach where its tensors are on a GPU, as
     torch's own optimizers choose. On a GPU the multi-tensor ops save the launch of about twenty
     kernels a tensor; on a CPU there is no launch to save, and a tensor's twenty passes run while it
-    is in cache, where each multi-tensor op passes over the whole chunk: measured on a CPU (t5-small,
-    512 -> 114, batch 1), a step with it took 1.477 s against 1.438 s one tensor at a time
-    (docs/results/performance.md).
+    is in cache, where each multi-tensor op passes over the whole chunk: on a CPU it measured slower
+    (docs/results/performance.md#multi-tensor-adafactor).
 
     A step can be skipped on the device, as fused Adam skips one: where the caller has set
     `found_inf` (a 0-d tensor on the device, 1 to skip, as step.train_step sets it from the loss
@@ -91,7 +90,8 @@ class ForeachOptimizer(torch.optim.Optimizer):
             if not saved:
                 continue
             state = self.state[p]
-            for key, initial in self.initial_state(p, group).items():
+            # On the meta device: the dtypes without allocating the state again.
+            for key, initial in self.initial_state(p.detach().to("meta"), group).items():
                 state[key] = saved[key].to(device=p.device, dtype=initial.dtype)
             state["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).to(p.device)
 

@@ -137,6 +137,7 @@ class AdamWScale(ForeachOptimizer):
         beta1, beta2 = group["betas"]
         # beta on an applied step, 1 on a skipped one, whose gradients are zero: the moments stay.
         decay1, decay2 = kept_or_one(beta1, keep), kept_or_one(beta2, keep)
+        shrink = kept_or_one(1 - group["lr"] * group["weight_decay"], keep)
         step_sizes, corrections2 = _bias_corrections(states, group, keep)
         for p, state, step_size, correction2 in zip(params, states, step_sizes, corrections2):
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -147,7 +148,7 @@ class AdamWScale(ForeachOptimizer):
             # rather than pow(2).mean(): no temporary the size of the tensor.
             rms = (torch.linalg.vector_norm(p.float()) / p.numel() ** 0.5).clamp_(min=1e-3).to(p.dtype)
             if group["weight_decay"]:
-                p.mul_(kept_or_one(1 - group["lr"] * group["weight_decay"], keep))
+                p.mul_(shrink)
             # exp_avg / denom * rms in the denominator's memory: one temporary the size of the tensor,
             # freed before the next tensor's.
             p.addcmul_(update.reciprocal_().mul_(exp_avg).mul_(rms), step_size)
