@@ -130,11 +130,9 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from t5_training import losses, optim
-    from t5_training.tools import memory
+    from t5_training import adapters, losses, modeling, optim
     from t5_training.config import TrainingConfig
-
-    from t5_training import adapters
+    from t5_training.tools import memory
 
     batch = _batch(job, model_config.vocab_size, device)
     model = AutoModelForSeq2SeqLM.from_config(model_config)
@@ -143,7 +141,7 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
         if memory.part_of(name) in job.get("frozen", []):
             param.requires_grad_(False)
     if job.get("gradient_checkpointing"):
-        model.gradient_checkpointing_enable()
+        modeling.enable_activation_checkpointing(model)  # as the scripts do
     model.train()
     optimizer = optim.build_optimizer(model, TrainingConfig(output_dir="unused", max_steps=1, optim=job["optim"]))
     precision = job.get("precision", "fp32")

@@ -128,11 +128,24 @@ def load_tokenizer_and_model(config, *, evaluate_only: bool = False):
     model = load_model(config.model_name_or_path, config.config_name, tokenizer,
                        trust_remote_code=config.trust_remote_code, overrides=overrides)
     if config.gradient_checkpointing:
-        # Non-reentrant checkpointing: the reentrant kind sees no gradient-carrying input when
-        # the embeddings are frozen and silently trains nothing below the first block.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     freeze(model, encoder=config.freeze_encoder, decoder=config.freeze_decoder, embeddings=config.freeze_embeddings)
     return tokenizer, model
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each block's activations in the backward pass instead of keeping them.
+
+    Non-reentrant: the reentrant kind sees no gradient-carrying input when the embeddings are
+    frozen and silently trains nothing below the first block. transformers renamed the method
+    within 5.x (`gradient_checkpointing_enable` is a deprecated alias from the release that added
+    `activation_checkpointing_enable`); pyproject admits every 5.x, and a GPU image may hold an
+    older one than a fresh install.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _components(model) -> dict[str, list]:

@@ -305,13 +305,13 @@ def coarse_matmuls() -> bool:
     return device.runs_on_cuda() or runtime.resolve_mixed_precision("auto") == "bf16"
 
 
-# Two runs that compute the same thing in another order (accumulated, split otherwise, over two
-# processes, with recomputed activations) differ by rounding alone. In fp32 that is of order 1e-6,
-# and each test states its own fp32 bound. bf16 rounds the inputs of every matmul to an 8-bit
-# mantissa (2^-9 relative; TF32's 11 bits round finer), and the same pairs of runs then differ by up
-# to 4.1e-4 of the loss (measured 2026-11-27 in bf16 autocast on a CPU, the largest of each:
-# fine-tuning resumed under another split 4.1e-4, pretraining resumed so 1.2e-4, two processes
-# 1.1e-4, LoRA over two processes 1.6e-4, gradient checkpointing 1.1e-4). 2e-3 leaves five times the
+# Two runs that compute the same thing in another order (accumulated, split otherwise, with
+# recomputed activations) differ by rounding alone. In fp32 that is of order 1e-6, and each test
+# states its own fp32 bound. bf16 rounds the inputs of every matmul to an 8-bit mantissa (2^-9
+# relative; TF32's 11 bits round finer), and the same pairs of runs then differ by up to 4.1e-4 of
+# the loss (measured 2026-11-27 in bf16 autocast on a CPU, the largest of each: fine-tuning resumed
+# under another split 4.1e-4, pretraining resumed so 1.2e-4, gradient checkpointing 1.1e-4). Runs
+# over two processes are compared in fp32 on the CPU on any host (processes.py). 2e-3 leaves five times the
 # largest; a real fault (a lost accumulation factor, a dropped micro-batch, a miscounted token)
 # moves a loss by percents. Gradients, element by element against the tensor's largest, differed
 # by up to 5.9e-3 (accumulation against one batch); 2e-2 leaves three times that, and the loss

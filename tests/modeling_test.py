@@ -103,7 +103,7 @@ class SummaryTest(absltest.TestCase):
 class GradientCheckpointingTest(absltest.TestCase):
     def test_same_gradients_as_without(self):
         plain, checkpointed = _tiny(), _tiny()
-        checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        modeling.enable_activation_checkpointing(checkpointed)
         for model in (plain, checkpointed):
             model.train()
             model(**_batch()).loss.backward()

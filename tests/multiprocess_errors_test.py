@@ -8,19 +8,15 @@ second process only (its share of a streamed corpus is empty). Before errors wer
 traceback; under NCCL it would have waited for the collective's timeout.
 """
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
 from absl.testing import absltest, parameterized
 
-from tests import fixtures
+from tests import fixtures, processes
 
 FINE_TUNE = os.path.join(fixtures.REPO, "fine_tune_t5.py")
 PRE_TRAIN = os.path.join(fixtures.REPO, "pre_train_t5.py")
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
 
 
 class TwoProcessBadInputTest(parameterized.TestCase):
@@ -61,13 +57,12 @@ class TwoProcessBadInputTest(parameterized.TestCase):
     def test_one_line_exit_code_2_within_seconds(self, script, flags, message):
         with tempfile.TemporaryDirectory() as out:
             if script == "fine_tune":
-                command = [FINE_TUNE, *fixtures.fine_tune_args(out, "--max_steps", "2")]
+                script, args = FINE_TUNE, fixtures.fine_tune_args(out, "--max_steps", "2")
             else:
-                command = [PRE_TRAIN, *self._pretrain_args(out)]
-            command += [flag.format(no_label=self.no_label) for flag in flags]
-            env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+                script, args = PRE_TRAIN, self._pretrain_args(out)
+            args += [flag.format(no_label=self.no_label) for flag in flags]
             started = time.perf_counter()
-            done = subprocess.run(LAUNCH + command, env=env, capture_output=True, text=True, timeout=300)
+            done = processes.launch_two(script, args, timeout=300)
             seconds = time.perf_counter() - started
         output = done.stdout + done.stderr
         self.assertNotEqual(done.returncode, 0)

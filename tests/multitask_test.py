@@ -8,8 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 import zipfile
 from types import SimpleNamespace
 
@@ -19,7 +17,7 @@ import fine_tune_t5
 from t5_training.registry import GLUE
 from t5_training import mixture, multitask, run_dir, submission
 from t5_training.errors import UsageError
-from tests import fixtures, made_data
+from tests import fixtures, made_data, processes
 
 # Made-up dev scores of a GLUE run, each task's metrics and its loss (which no score counts).
 NINE = {
@@ -177,13 +175,8 @@ class TwoProcessShardTest(fixtures.TempDirTestCase):
         common = ["--max_steps", "4", "--dropout_rate", "0", "--max_eval_samples", "8", "--mixing", "temperature",
                   "--mixing_temperature", "2", "--max_train_samples", "60"]
         two, one = os.path.join(self.dir, "two"), os.path.join(self.dir, "one")
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                  "--main_process_port", "0", os.path.join(fixtures.REPO, "fine_tune_t5.py")]
-        env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(launch + mixture_args(two, "--per_device_train_batch_size", "4", *common), env=env,
-                              capture_output=True, text=True, timeout=600, cwd=fixtures.REPO)
-        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        processes.run_two(os.path.join(fixtures.REPO, "fine_tune_t5.py"),
+                          mixture_args(two, "--per_device_train_batch_size", "4", *common))
         fine_tune_t5.main(mixture_args(one, "--per_device_train_batch_size", "8", *common))
         # Step by step the loss of the same 8 rows: the two processes were dealt disjoint halves of
         # what one process trains on (the same rows twice, or another step's, would change it).

@@ -5,8 +5,6 @@ checks that held-out loss falls and span-token accuracy rises, and fine-tunes th
 on the made SST-2 folder.
 """
 import os
-import subprocess
-import sys
 import tempfile
 from unittest import mock
 
@@ -22,7 +20,7 @@ import pre_train_t5
 from t5_training import denoisers, loop, pretrain_data, run_dir
 from t5_training.config import config_to_dict
 from t5_training.errors import UsageError
-from tests import fixtures
+from tests import fixtures, processes
 
 SCRIPT = os.path.join(fixtures.REPO, "pre_train_t5.py")
 UL2_NAMES = [d.name for d in denoisers.UL2_DENOISERS]
@@ -240,17 +238,11 @@ class UL2TwoProcessTest(absltest.TestCase):
         # first rows again), whose rows the gather drops. A row draws its denoiser from --seed and its
         # chunk id, whatever batch and process it lands in. A step at a vanishing learning rate leaves
         # the weights as they started, so one process with twice the batch must evaluate to the same losses.
-        with tempfile.TemporaryDirectory() as out:
+        with tempfile.TemporaryDirectory() as out, processes.on_the_cpu():
             args = pretrain_args(out, "--objective", "ul2", "--max_seq_length", "32", "--max_steps", "1",
                                  "--learning_rate", "1e-12", "--max_eval_samples", "24",
                                  "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4")
-            launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                      "--main_process_port", "0", SCRIPT]
-            done = subprocess.run(launch + _drop(args, "--output_dir") + ["--output_dir", os.path.join(out, "two")],
-                                  cwd=fixtures.REPO, capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            processes.run_two(SCRIPT, _drop(args, "--output_dir") + ["--output_dir", os.path.join(out, "two")])
             two = run_dir.read_final_eval(os.path.join(out, "two"))
             one = pre_train_t5.main(_drop(args, "--output_dir") + ["--output_dir", os.path.join(out, "one"),
                                                                     "--per_device_train_batch_size", "8"])["eval"]

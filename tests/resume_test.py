@@ -8,8 +8,6 @@ Pretraining draws each row's mask, prefix split and denoiser from (seed, the row
 its resumed runs repeat the losses too.
 """
 import os
-import subprocess
-import sys
 import tempfile
 import types
 
@@ -20,7 +18,7 @@ import fine_tune_t5
 import pre_train_t5
 from t5_training import loop, resume, run_dir
 from t5_training.errors import UsageError
-from tests import fixtures
+from tests import fixtures, processes
 
 SCRIPT = os.path.join(fixtures.REPO, "fine_tune_t5.py")
 COMMON = ["--max_steps", "4", "--save_steps", "1", "--save_total_limit", "0", "--dropout_rate", "0",
@@ -187,15 +185,9 @@ class PretrainingResumeWithAnotherSplitTest(fixtures.TempDirTestCase):
 class ResumeOnFewerProcessesTest(absltest.TestCase):
 
     def test_two_processes_resume_as_one_with_twice_the_accumulation(self):
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as folder, processes.on_the_cpu():
             two, one = os.path.join(folder, "two"), os.path.join(folder, "one")
-            env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-            launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                      "--main_process_port", "0", SCRIPT]
-            done = subprocess.run(launch + fixtures.fine_tune_args(two, *_layout(4, 1), *COMMON), env=env,
-                                  capture_output=True, text=True, timeout=600)
-            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            processes.run_two(SCRIPT, fixtures.fine_tune_args(two, *_layout(4, 1), *COMMON))
             fine_tune_t5.main(fixtures.fine_tune_args(one, *_layout(4, 2), *COMMON,
                                                       "--resume_from_checkpoint", os.path.join(two, "step-000002")))
             _assert_continues_exactly(self, two, one)
