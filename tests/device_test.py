@@ -2,10 +2,12 @@
 import os
 import re
 import subprocess
+from unittest import mock
 
 from absl.testing import absltest, parameterized
 
-from t5_training import device
+from t5_training import batching, data, device, runtime
+from tests import fixtures, simulated_gpu
 from tests.simulated_gpu import gpu_host
 
 
@@ -35,6 +37,24 @@ class GpuCheckScriptTest(absltest.TestCase):
             self.assertContainsSubset(flags, re.findall(r"--\w+", helped), name)
         for model in re.findall(r"for model in ([\w. -]+); do", script)[0].split():
             self.assertTrue(os.path.isfile(os.path.join(REPO, "configs", model + ".json")), model)
+
+
+class RehearsalTest(absltest.TestCase):
+    """simulated_gpu.rehearse, the GPU check's rehearsal on a CPU: a GPU's decisions, undone after."""
+
+    def _decisions(self):
+        return (runtime.resolve_mixed_precision("auto"), batching.pad_multiple(), data.pad_multiple(),
+                fixtures.same_computation(1e-6))
+
+    def test_runs_take_a_gpus_decisions_unless_sent_to_the_cpu(self):
+        before = self._decisions()  # this host's own, or a rehearsal's (tests/gpu_rehearsal.py)
+        with simulated_gpu.rehearse(), mock.patch.dict(os.environ):
+            os.environ.pop("ACCELERATE_USE_CPU", None)
+            self.assertEqual(self._decisions(), ("bf16", 8, 8, fixtures.COARSE_RELATIVE))
+            self.assertEqual(runtime.resolve_mixed_precision("no"), "no")  # an explicit choice stands
+            os.environ["ACCELERATE_USE_CPU"] = "1"
+            self.assertEqual(self._decisions(), ("no", 1, 1, 1e-6))
+        self.assertEqual(self._decisions(), before)
 
 
 class RunsOnCudaTest(parameterized.TestCase):

@@ -9,7 +9,7 @@
 #     bash tools/gpu_check.sh [OUT]          # OUT: where the logs go (default: $OUT, else gpu_check_out)
 #
 # and, without a GPU, `bash tools/gpu_check.sh --rehearse [VENV]` runs the test subset on the CPU
-# under the GPU image's package versions.
+# with a GPU's precision and padding, under the GPU image's package versions.
 #
 # It installs the carried wheels (no dependencies: the GPU image has torch, transformers,
 # accelerate and peft of its own), prints the versions, runs the CUDA test subset with
@@ -35,8 +35,8 @@ TEST_FILES=(tests/device_test.py tests/loop_test.py tests/foreach_test.py tests/
             tests/batch_size_test.py tests/modeling_test.py)
 
 if [ "${1:-}" = "--rehearse" ]; then
-    # The subset's files on this machine's CPU under the GPU image's versions of torch, transformers
-    # and accelerate (KINDS.md of the device tool; they lag a fresh install's), in a venv of its own
+    # The subset's files on this machine's CPU as on a GPU, under the GPU image's versions of torch,
+    # transformers and accelerate (KINDS.md of the device tool; they lag a fresh install's), in a venv of its own
     # (default ../venv_gpu_image; PYTHON names a Python 3.12 to build it with). It catches what an
     # older release lacks before a lent GPU's minutes are spent on it. Run --prepare first. torch's
     # CUDA build comes from the registry with its CUDA libraries (about 4 GB); it runs on a CPU too.
@@ -51,7 +51,9 @@ if [ "${1:-}" = "--rehearse" ]; then
         "$VENV/bin/python" -m pip install --quiet --no-index --no-deps "$CARRY"/wheels/*.whl
     fi
     export T5_TRAINING_DATA=$PWD/$CARRY/data WANDB_MODE=disabled HF_HUB_OFFLINE=1 PYTEST_TIMEOUT=300
-    exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q --tb=short -rfE "${TEST_FILES[@]}"
+    # -p tests.gpu_rehearsal: the runs in the test processes take a GPU's decisions (bf16 autocast,
+    # batches padded to 8) on the CPU, and the tests bf16's tolerances (tests/simulated_gpu.py).
+    exec "$VENV/bin/python" -m pytest -p no:cacheprovider -p tests.gpu_rehearsal -q --tb=short -rfE "${TEST_FILES[@]}"
 fi
 
 if [ "${1:-}" = "--prepare" ]; then
