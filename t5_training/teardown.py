@@ -6,7 +6,8 @@ with Python's GIL held, and gloo's destructor joins its worker threads. A worker
 freeing a finished collective's tensors needs the GIL to release their Python objects: both wait
 forever. Seen at the end of two-process runs on a loaded 2-core machine (torch 2.11, 2026-11-27:
 py-spy showed the main thread in ProcessGroupGloo's destructor under Reducer's, the worker thread
-waiting for the GIL in a finished all-gather's destructor); torch 2.13 frees them the same way.
+waiting for the GIL in a finished all-gather's destructor). Not seen with torch 2.13 here, which
+was not shown to be free of it.
 
 A Python reference kept from just before the group is destroyed (`keep_process_group`) outlives
 the model; dropped last (`release_process_group`, at the end of errors.run_cli), it destroys the
@@ -22,12 +23,17 @@ import sys
 _kept: list = []
 
 
+def distributed():
+    """torch.distributed where this process is in a process group, else None (never imported here to find out)."""
+    module = sys.modules.get("torch.distributed")
+    return module if module is not None and module.is_available() and module.is_initialized() else None
+
+
 def keep_process_group() -> None:
     """Keeps the default process group alive until `release_process_group`; call it before
     destroying the group. Nothing to keep (a single process, or no torch.distributed) is fine."""
-    distributed = sys.modules.get("torch.distributed")
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        _kept.append(distributed.group.WORLD)
+    if distributed() is not None:
+        _kept.append(distributed().group.WORLD)
 
 
 def release_process_group() -> None:
