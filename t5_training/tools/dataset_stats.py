@@ -27,23 +27,15 @@ import pyarrow.compute as pc
 
 from t5_training import denoisers
 from t5_training.collators import compute_input_and_target_lengths
-from t5_training import batching, corpus, data, reporting
+from t5_training import corpus, data, reporting
 from t5_training.config import parse_config, resolve_objective
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
 from t5_training.tasks import get_entry
 from t5_training.tools import length_plots
+from t5_training.tools.length_stats import PERCENTILES, SUGGESTION_RULE, length_stats
 
-PERCENTILES = (50, 90, 95, 99)
-HISTOGRAM_BINS = 10
 BAR_WIDTH = 40
-# Keeping every row whole costs little when the longest is this short (batches are padded only
-# to their own longest row); beyond it, the longest rows are outliers worth cutting.
-KEEP_ALL_UP_TO = 128
-# A round number that GPU batches are padded to anyway (batching.GPU_PAD_MULTIPLE).
-SUGGESTION_MULTIPLE = batching.GPU_PAD_MULTIPLE
-SUGGESTION_RULE = (f"the longest row if it has at most {KEEP_ALL_UP_TO} tokens, else p99; "
-                   f"rounded up to a multiple of {SUGGESTION_MULTIPLE}")
 
 
 @dataclass(frozen=True)
@@ -210,55 +202,6 @@ def _lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
     # so that rows left out by a select() are left out here too.
     lengths = pc.list_value_length(ds.with_format("arrow")[column])
     return lengths.to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def length_stats(lengths: np.ndarray, max_length: int, flag: str | None) -> dict:
-    """Count, mean, percentiles, histogram and truncation at `max_length` of one column's token lengths.
-
-    pN is the smallest length that at least N% of rows fit in (numpy's inverted_cdf), so a max
-    length of pN truncates at most (100 - N)% of rows. `flag` names the max-length flag; with it
-    come a suggested length and what that would truncate.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    edges, counts = histogram(lengths)
-    stats = {
-        "rows": int(lengths.size),
-        "mean": float(lengths.mean()),
-        "min": int(lengths.min()),
-        **{f"p{q}": int(np.percentile(lengths, q, method="inverted_cdf")) for q in PERCENTILES},
-        "max": int(lengths.max()),
-        "flag": flag,
-        "max_length": max_length,
-        **_truncation(lengths, max_length, ""),
-        "histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
-    }
-    if flag:
-        stats["suggested_length"] = suggest_length(lengths)
-        stats.update(_truncation(lengths, stats["suggested_length"], "suggested_"))
-    return stats
-
-
-def _truncation(lengths: np.ndarray, limit: int, prefix: str) -> dict:
-    # The rule of data.tokenize_split: a row is truncated when it has more tokens than the limit.
-    rows = int(np.count_nonzero(lengths > limit))
-    return {f"{prefix}truncated_rows": rows, f"{prefix}truncated_percent": 100.0 * rows / lengths.size}
-
-
-def suggest_length(lengths: np.ndarray) -> int:
-    """A max length for these rows; see SUGGESTION_RULE."""
-    longest = int(np.max(lengths))
-    length = longest if longest <= KEEP_ALL_UP_TO else int(np.percentile(lengths, 99, method="inverted_cdf"))
-    return -(-length // SUGGESTION_MULTIPLE) * SUGGESTION_MULTIPLE
-
-
-def histogram(lengths: np.ndarray, bins: int = HISTOGRAM_BINS) -> tuple[np.ndarray, np.ndarray]:
-    """(edges, counts) of `bins` bins of equal integer width from the shortest row; fewer when the
-    lengths span too few values to fill them. Bin i holds lengths in [edges[i], edges[i + 1])."""
-    low, high = int(np.min(lengths)), int(np.max(lengths))
-    width = -(-(high - low + 1) // bins)
-    n = (high - low) // width + 1
-    counts = np.bincount((np.asarray(lengths) - low) // width, minlength=n)
-    return low + width * np.arange(n + 1), counts
 
 
 def format_report(stats: dict) -> str:
