@@ -21,8 +21,6 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from t5_training import teardown
-
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75
@@ -95,12 +93,10 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
         if err.raised_by_every_process:
             _close_process_group()
-        elif not main_process and teardown.distributed() is None:
+        elif not main_process and _process_group() is None:
             _wait_for_the_launcher()
         return err.exit_code
     finally:
-        # main()'s frame, and with it the model, is gone: the process group can end now.
-        teardown.release_process_group()
         _skip_the_last_collection()
     return 0
 
@@ -117,6 +113,13 @@ def _skip_the_last_collection() -> None:
     gc.freeze()
 
 
+def _process_group():
+    """torch.distributed where this process is in a process group, else None (never imported here to find out)."""
+    distributed = sys.modules.get("torch.distributed")
+    return distributed if distributed is not None and distributed.is_available() and distributed.is_initialized() \
+        else None
+
+
 def _close_process_group() -> None:
     """Closes the process group that a run stopped by an error left open (end_training closes it otherwise).
 
@@ -125,12 +128,11 @@ def _close_process_group() -> None:
     process raised the error at the same point: closing while another process still waits in
     a collective can hang.
     """
-    distributed = teardown.distributed()
+    distributed = _process_group()
     if distributed is not None:
         # Leave together: a launcher that sees one process exit terminates the others, which would
         # then report SIGTERM instead of their own exit code.
         distributed.barrier()
-        teardown.keep_process_group()
         distributed.destroy_process_group()
 
 
