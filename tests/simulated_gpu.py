@@ -42,15 +42,14 @@ def rehearse():
     memory) the GPU check alone measures.
     """
     from t5_training import batching, data, runtime
-    from tests import fixtures
 
     decide = runtime.resolve_mixed_precision
 
     def resolve_mixed_precision(requested: str) -> str:
         return "bf16" if requested == "auto" and trains_as_on_a_gpu() else decide(requested)
 
+    # fixtures.coarse_matmuls follows from the precision: bf16's tolerances come with it.
     with mock.patch.object(runtime, "resolve_mixed_precision", resolve_mixed_precision), \
             mock.patch.object(batching, "runs_on_cuda", trains_as_on_a_gpu), \
-            mock.patch.object(data, "pad_multiple", batching.pad_multiple), \
-            mock.patch.object(fixtures, "coarse_matmuls", trains_as_on_a_gpu):
+            mock.patch.object(data, "pad_multiple", batching.pad_multiple):
         yield
