@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Callable, Sequence
 
+from t5_training import teardown
+
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75
@@ -97,6 +99,8 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
             _wait_for_the_launcher()
         return err.exit_code
     finally:
+        # main()'s frame, and the model in it, is gone: the process group can end now (teardown).
+        teardown.release_process_group()
         _skip_the_last_collection()
     return 0
 
@@ -133,6 +137,7 @@ def _close_process_group() -> None:
         # Leave together: a launcher that sees one process exit terminates the others, which would
         # then report SIGTERM instead of their own exit code.
         distributed.barrier()
+        teardown.keep_process_group()
         distributed.destroy_process_group()
 
 

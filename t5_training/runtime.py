@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin,
                               InitProcessGroupKwargs, TorchDynamoPlugin)
 
+from t5_training import teardown
 from t5_training.config import TrainingConfig, config_for_trackers
 from t5_training.device import runs_on_cuda, settle_cpu_run
 from t5_training.errors import UsageError
@@ -238,8 +239,10 @@ def close(accelerator: Accelerator) -> None:
 
     Every process reaches the end before the process group is destroyed: a gloo peer torn down
     while another still holds the connection can abort at exit ("terminate called ...").
+    The group itself ends after the model, once the script's main() has returned (teardown).
     """
     accelerator.wait_for_everyone()
+    teardown.keep_process_group()
     accelerator.end_training()
 
 

@@ -1,0 +1,43 @@
+"""The end of a multi-process run: its process group destroyed where no thread can deadlock on it.
+
+DDP's C++ reducer holds a reference to the process group. Where it holds the last one, freeing the
+model (as a script's main() returns) destroys the group from the reducer's destructor, which runs
+with Python's GIL held, and gloo's destructor joins its worker threads. A worker that is just then
+freeing a finished collective (a barrier keeps the all-gather it waited for) must take the GIL to
+release the Python objects of that collective's tensors: both threads wait forever. Measured on a
+loaded 2-core machine (docs/reliability.md#the-end-of-a-multi-process-run): 9 of 150 two-process
+fine-tuning runs hung at exit; a loop that ends DDP models on fresh groups hangs at its first
+iterations, under torch 2.11 and 2.13 alike.
+
+So a run keeps a Python reference to the group from just before it is destroyed
+(`keep_process_group`) until main() has returned and its model is gone (`release_process_group`,
+at the end of errors.run_cli). The reducer then drops a reference that is not the last, and the
+release destroys the group through torch's Python holder for process groups, which lets go of the
+GIL first: a worker that needs the GIL gets it, finishes, and is joined.
+"""
+from __future__ import annotations
+
+import sys
+
+_kept: list = []
+
+
+def keep_process_group(group=None) -> None:
+    """Keeps `group` (default: the default group) alive until `release_process_group`; call it
+    before destroying the group. Nothing to keep (a single process, no torch.distributed) is fine."""
+    distributed = sys.modules.get("torch.distributed")
+    if group is None and distributed is not None and distributed.is_available() and distributed.is_initialized():
+        group = distributed.group.WORLD
+    if group is not None:
+        _kept.append(group)
+
+
+def release_process_group() -> None:
+    """Drops the kept groups, whatever else held them (a model's reducer) being gone: their worker
+    threads end here."""
+    _kept.clear()
+
+
+def kept_groups() -> tuple:
+    """The process groups kept until `release_process_group`."""
+    return tuple(_kept)
