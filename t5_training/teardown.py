@@ -4,10 +4,9 @@ DDP's C++ reducer holds a reference to the process group. Where it holds the las
 model (as a script's main() returns) destroys the group from the reducer's destructor, which runs
 with Python's GIL held, and gloo's destructor joins its worker threads. A worker that is just then
 freeing a finished collective (a barrier keeps the all-gather it waited for) must take the GIL to
-release the Python objects of that collective's tensors: both threads wait forever. Measured on a
-loaded 2-core machine (docs/reliability.md#the-end-of-a-multi-process-run): 9 of 150 two-process
-fine-tuning runs hung at exit; a loop that ends DDP models on fresh groups hangs at its first
-iterations, under torch 2.11 and 2.13 alike.
+release the Python objects of that collective's tensors: both threads wait forever. Two-process
+runs on a loaded machine hung so at exit (torch 2.11), and tests/teardown_test.py's loop does under
+torch 2.13 too (docs/reliability.md#the-end-of-a-multi-process-run).
 
 So a run keeps a Python reference to the group from just before it is destroyed
 (`keep_process_group`) until main() has returned and its model is gone (`release_process_group`,

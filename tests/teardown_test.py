@@ -2,9 +2,9 @@
 
 `EndsOfDdpModelsTest` makes the deadlock that teardown prevents happen on demand: two processes end
 DDP models one after another, each on a fresh gloo group destroyed while the model still holds it,
-right after a barrier that keeps an unfinished all-gather. Without keeping the group (the loop's
-`keep` left out) it hangs within its first iterations, under torch 2.11 and 2.13 (measured
-2026-11-27: 4 of 4 runs, at iteration 0 or 1); kept and released as the scripts do, it ends.
+right after a barrier that keeps an unfinished all-gather. Without keeping the group it hangs
+within its first iterations under torch 2.11 and 2.13 (docs/results/testing.md#the-end-of-a-multi-process-run);
+kept and released as the scripts do, it ends.
 The other tests check that the scripts' ends keep the group and release it after main() returns.
 """
 import os
