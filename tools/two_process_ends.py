@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+import psutil
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -75,8 +77,6 @@ def _stacks(pids: list[int]) -> str:
 
 def run_once(args: argparse.Namespace, fine_tune_args, index: int) -> dict:
     """One pair, started as tests/processes.py starts it; its outcome and, unless it ended, its output's end."""
-    import psutil
-
     launch = [args.python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
     with tempfile.TemporaryDirectory() as out:
