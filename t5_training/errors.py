@@ -95,7 +95,7 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
         if err.raised_by_every_process:
             _close_process_group()
-        elif not main_process and _process_group() is None:
+        elif not main_process and teardown.initialized_distributed() is None:
             _wait_for_the_launcher()
         return err.exit_code
     finally:
@@ -117,13 +117,6 @@ def _skip_the_last_collection() -> None:
     gc.freeze()
 
 
-def _process_group():
-    """torch.distributed where this process is in a process group, else None (never imported here to find out)."""
-    distributed = sys.modules.get("torch.distributed")
-    return distributed if distributed is not None and distributed.is_available() and distributed.is_initialized() \
-        else None
-
-
 def _close_process_group() -> None:
     """Closes the process group that a run stopped by an error left open (end_training closes it otherwise).
 
@@ -132,7 +125,7 @@ def _close_process_group() -> None:
     process raised the error at the same point: closing while another process still waits in
     a collective can hang.
     """
-    distributed = _process_group()
+    distributed = teardown.initialized_distributed()
     if distributed is not None:
         # Leave together: a launcher that sees one process exit terminates the others, which would
         # then report SIGTERM instead of their own exit code.

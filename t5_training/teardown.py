@@ -21,11 +21,18 @@ import sys
 _kept: list = []
 
 
+def initialized_distributed():
+    """torch.distributed where this process is in a process group, else None (never imported here
+    to find out: a single-process run need not pay for it)."""
+    distributed = sys.modules.get("torch.distributed")
+    return distributed if distributed is not None and distributed.is_available() and distributed.is_initialized() \
+        else None
+
+
 def keep_process_group(group=None) -> None:
     """Keeps `group` (default: the default group) alive until `release_process_group`; call it
     before destroying the group. Nothing to keep (a single process, no torch.distributed) is fine."""
-    distributed = sys.modules.get("torch.distributed")
-    if group is None and distributed is not None and distributed.is_available() and distributed.is_initialized():
+    if group is None and (distributed := initialized_distributed()) is not None:
         group = distributed.group.WORLD
     if group is not None:
         _kept.append(group)

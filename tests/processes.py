@@ -33,6 +33,32 @@ def timeout_s() -> float:
     return 0.8 * limit if limit > 0 else 600.0
 
 
+def start_two(script: str, args: list[str], *, python: str = sys.executable,
+              cwd: str = fixtures.REPO) -> subprocess.Popen:
+    """`script args` started as two processes on the CPU by `python`'s accelerate, output piped as text."""
+    return subprocess.Popen([python, *LAUNCH[1:], script, *args], env={**os.environ, **CPU_ENV}, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def workers(started: subprocess.Popen) -> list[psutil.Process]:
+    """The processes a started pair's launcher has started (its workers), while they run."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(started.pid).children(recursive=True)
+    return []
+
+
+def kill(started: subprocess.Popen) -> tuple[str, str]:
+    """Kills a started pair, workers and launcher, and returns what it printed (stdout, stderr).
+
+    The workers, not only the launcher: torch's elastic agent starts each in a session of its own,
+    where a killed launcher would leave them running (and holding the output pipes open).
+    """
+    for process in [*workers(started), psutil.Process(started.pid)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return started.communicate()
+
+
 def launch_two(script: str, args: list[str], *, timeout: float | None = None) -> subprocess.CompletedProcess:
     """Runs `script args` as two processes and returns how it ended, output as text.
 
@@ -40,18 +66,11 @@ def launch_two(script: str, args: list[str], *, timeout: float | None = None) ->
     workers together, and the test fails with the tail of what they printed.
     """
     timeout = timeout or timeout_s()
-    started = subprocess.Popen([*LAUNCH, script, *args], env={**os.environ, **CPU_ENV}, cwd=fixtures.REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = start_two(script, args)
     try:
         stdout, stderr = started.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # The workers, not only the launcher: torch's elastic agent starts each in a session of its
-        # own, where a killed launcher would leave them running.
-        launcher = psutil.Process(started.pid)
-        for process in [*launcher.children(recursive=True), launcher]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        stdout, stderr = started.communicate()
+        stdout, stderr = kill(started)
         raise AssertionError(f"two processes of {os.path.basename(script)} still ran after {timeout:.0f} s; "
                              f"killed. Their output's end:\n{(stdout + stderr)[-4000:]}") from None
     return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)

@@ -31,8 +31,6 @@ import sys
 import tempfile
 import time
 
-import psutil
-
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -75,30 +73,24 @@ def _stacks(pids: list[int]) -> str:
     return "\n".join(dumps)
 
 
-def run_once(args: argparse.Namespace, fine_tune_args, index: int) -> dict:
-    """One pair, started as tests/processes.py starts it; its outcome and, unless it ended, its output's end."""
-    launch = [args.python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+def run_once(args: argparse.Namespace, index: int) -> dict:
+    """One pair, started as the multi-process tests start it; its outcome and, unless it ended, its output's end."""
+    from tests import fixtures, processes
+
     with tempfile.TemporaryDirectory() as out:
-        flags = fine_tune_args(out, "--per_device_train_batch_size", "4", "--max_steps", "4", "--save_steps", "4",
-                               "--dropout_rate", "0", "--do_predict")
+        flags = fixtures.fine_tune_args(out, "--per_device_train_batch_size", "4", "--max_steps", "4",
+                                        "--save_steps", "4", "--dropout_rate", "0", "--do_predict")
         started = time.monotonic()
-        pair = subprocess.Popen([*launch, os.path.join(args.repo, "fine_tune_t5.py"), *flags], cwd=args.repo,
-                                env={**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pair = processes.start_two(os.path.join(args.repo, "fine_tune_t5.py"), flags, python=args.python,
+                                   cwd=args.repo)
         stacks = ""
         try:
             _, stderr = pair.communicate(timeout=args.limit)
             outcome = classify(pair.returncode, stderr)
         except subprocess.TimeoutExpired:
             outcome = "hung"
-            launcher = psutil.Process(pair.pid)
-            workers = launcher.children(recursive=True)
-            stacks = _stacks([worker.pid for worker in workers])
-            for process in [*workers, launcher]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            _, stderr = pair.communicate()
+            stacks = _stacks([worker.pid for worker in processes.workers(pair)])
+            _, stderr = processes.kill(pair)
     record = {"run": index, "outcome": outcome, "returncode": pair.returncode,
               "seconds": round(time.monotonic() - started, 1)}
     if outcome != "ended":
@@ -110,12 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the pairs, logs each, prints the counts; exit code 1 if any did not end."""
     args = parse_args(argv)
     sys.path.insert(0, HERE)
-    from tests import fixtures  # the made data and tokenizer, built once here and shared by every run
+    from tests import fixtures
+
+    # The made SST-2 and tokenizer, built here once rather than by the first runs' threads at once.
+    fixtures.sst2_dir()
+    fixtures.tokenizer_dir()
 
     counts = collections.Counter()
     with open(args.log, "a", encoding="utf-8") as log, \
             concurrent.futures.ThreadPoolExecutor(args.streams) as pool:
-        runs = [pool.submit(run_once, args, fixtures.fine_tune_args, i) for i in range(args.runs)]
+        runs = [pool.submit(run_once, args, i) for i in range(args.runs)]
         for run in concurrent.futures.as_completed(runs):
             record = run.result()
             counts[record["outcome"]] += 1
