@@ -1,4 +1,4 @@
-"""Checkpoints that are either complete or absent, and model exports that load with from_pretrained.
+"""Checkpoints that are either complete or absent, and the atomic writes that exports share (export.py).
 
 A checkpoint is `output_dir/step-NNNNNN/`: accelerate's `save_state` (weights, optimizer,
 scheduler, RNG) plus `train_state.json` (step, data position, loss history, best metric). It
@@ -19,9 +19,7 @@ import torch
 from accelerate.utils import DistributedType, extract_model_from_parallel
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers.utils import logging as hf_logging
 
-from t5_training import adapters
 from t5_training.errors import UsageError, WriteError
 from t5_training.interrupts import kill_point
 from t5_training.reporting import write_json
@@ -258,44 +256,6 @@ def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None)
     for path in list_checkpoints(output_dir)[:-keep]:
         if path != protected:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def model_state_dict(accelerator, model) -> dict | None:
-    """The whole model's weights under their own names (gathered under ZeRO-3: None off its rank 0).
-
-    torch.compile's wrapper holds the model as `_orig_mod`, which accelerate leaves in every name;
-    without it the export loads with from_pretrained whether or not the run compiled.
-    """
-    state_dict = accelerator.get_state_dict(model)
-    if state_dict is None:
-        return None
-    return {name.replace("_orig_mod.", ""): tensor for name, tensor in state_dict.items()}
-
-
-def export_model(accelerator, model, tokenizer, path: str) -> None:
-    """`save_pretrained` of the unwrapped model (gathered under ZeRO-3) and its tokenizer, atomically.
-
-    An adapter model writes its adapter and, where it merges, the merged model (adapters.save_pretrained).
-    """
-    state_dict = model_state_dict(accelerator, model)
-    hf_logging.disable_progress_bar()  # one shard per export; a bar per save only clutters logs
-    tmp = f"{path}.tmp"
-    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-
-    def write() -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if adapters.is_adapter_model(unwrapped):
-            adapters.save_pretrained(unwrapped, state_dict, tmp, final=path)
-        else:
-            unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-
-    failure = attempt_write(write) if accelerator.is_main_process else None
-    agree_on_write(accelerator, failure, tmp, path, os.path.dirname(os.path.abspath(path)))
-
 
 
 def check_output_dir(output_dir: str, overwrite: bool, resume_from_checkpoint: str | None) -> str | None:

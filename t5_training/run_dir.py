@@ -8,7 +8,7 @@ and, from other modules, predictions, GLUE's submission files, a mixture's recor
 tensorboard log (RUN_FILES); a run that starts over there deletes all of them first.
 
 Writing: `check_output_dir` and `resume` (before anything is written), `save` (a checkpoint, then
-rotation), `export` and `write_results`; `checkpoint` holds the mechanics of each file. Reading: the sweep runner,
+rotation), `export` and `write_results`; `checkpoint` and `export` hold the mechanics of each file. Reading: the sweep runner,
 the demo, the benchmarks and the tests read runs through the read_* functions,
 so what "finished" and "newest checkpoint" mean is decided here once: only complete
 checkpoints count (checkpoint.list_checkpoints), and a run is finished when its export and both
@@ -23,7 +23,7 @@ import shutil
 
 import torch
 
-from t5_training import adapters, agreement, checkpoint, reporting, resume as layouts
+from t5_training import adapters, agreement, checkpoint, export as exports, reporting, resume as layouts
 from t5_training.device import runs_on_cuda
 from t5_training.errors import DivergedError, UsageError, WriteError
 
@@ -168,7 +168,7 @@ def ensure_finite_weights(model: torch.nn.Module, where: str) -> None:
 def exporter(accelerator, tokenizer, output_dir: str):
     """`export(model, name)`: writes output_dir/<name>/ (model and tokenizer, from_pretrained-ready)."""
     def export(model, name: str) -> None:
-        checkpoint.export_model(accelerator, model, tokenizer, os.path.join(output_dir, name))
+        exports.export_model(accelerator, model, tokenizer, os.path.join(output_dir, name))
 
     return export
 

