@@ -13,9 +13,17 @@ So a run keeps a Python reference to the group from just before it is destroyed
 at the end of errors.run_cli). The reducer then drops a reference that is not the last, and the
 release destroys the group through torch's Python holder for process groups, which lets go of the
 GIL first: a worker that needs the GIL gets it, finishes, and is joined.
+
+The release must come before the interpreter's shutdown. A group destroyed during it (a kept one
+freed with this module's globals, when main() was called other than through run_cli) aborts the
+process with "terminate called without an active exception" if a worker still has to free such
+tensors: the shutting-down interpreter ends a thread that asks for the GIL, from inside a C++
+destructor that may not be unwound. So the first keep also registers the release with atexit,
+whose handlers run while threads can still take the GIL.
 """
 from __future__ import annotations
 
+import atexit
 import sys
 
 _kept: list = []
@@ -36,11 +44,15 @@ def keep_process_group(group=None) -> None:
         group = distributed.group.WORLD
     if group is not None:
         _kept.append(group)
+        # Registered once, and last: atexit runs the latest handlers first, before any that
+        # torch's or a tracker's imports registered.
+        atexit.unregister(release_process_group)
+        atexit.register(release_process_group)
 
 
 def release_process_group() -> None:
     """Drops the kept groups, whatever else held them (a model's reducer) being gone: their worker
-    threads end here."""
+    threads end here. Also an atexit handler (keep_process_group), for a main() not run by run_cli."""
     _kept.clear()
 
 

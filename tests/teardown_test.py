@@ -108,6 +108,51 @@ sys.exit(errors.run_cli(main, sys.argv[2:]))
 """
 
 
+# main() called other than through run_cli (a user's own script, a test): nothing releases the kept
+# group before the interpreter shuts down, and its worker still holds an all-gather's tensors.
+_KEPT_AT_EXIT = """\
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import torch.distributed as dist
+from t5_training import teardown
+
+dist.init_process_group("gloo")
+outputs = [torch.empty(1000) for _ in range(2)]
+dist.all_gather(outputs, torch.ones(1000), async_op=True)
+del outputs
+teardown.keep_process_group()
+dist.destroy_process_group()
+print("ended", flush=True)
+"""
+
+
+class ExitTest(absltest.TestCase):
+    def test_a_group_kept_outside_run_cli_is_released_before_the_interpreter_shuts_down(self):
+        # Released during the shutdown instead, the group's destructor lets its worker ask for the
+        # GIL, and the interpreter ends that thread inside a destructor: both processes abort with
+        # "terminate called without an active exception" (every run, torch 2.13).
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "kept_at_exit.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(_KEPT_AT_EXIT)
+            done = processes.launch_two(path, [fixtures.REPO], timeout=120)
+        self.assertNotIn("terminate called", done.stderr)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertEqual(done.stdout.count("ended"), 2, done.stdout)
+
+    def test_each_keep_makes_the_release_the_last_atexit_handler_registered(self):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        self.addCleanup(teardown.release_process_group)
+        with mock.patch.object(teardown.atexit, "register") as register, \
+                mock.patch.object(teardown.atexit, "unregister") as unregister:
+            teardown.keep_process_group()
+            teardown.keep_process_group()
+            dist.destroy_process_group()
+        self.assertEqual(register.call_args_list, [mock.call(teardown.release_process_group)] * 2)
+        self.assertEqual(unregister.call_args_list, [mock.call(teardown.release_process_group)] * 2)
+
+
 class EndsOfDdpModelsTest(absltest.TestCase):
     def test_two_processes_end_a_hundred_ddp_models_without_hanging(self):
         with tempfile.TemporaryDirectory() as folder:
