@@ -19,6 +19,19 @@ from t5_training import errors, runtime, teardown
 from tests import fixtures, processes
 
 
+def _both_end(test, source: str, args: list[str]):
+    """Runs `source` (its first argument: the checkout) as two processes, which must both print
+    "ended" and exit 0 within 120 s; returns how they ended."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "script.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(source)
+        done = processes.launch_two(path, [fixtures.REPO, *args], timeout=120)
+    test.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    test.assertEqual(done.stdout.count("ended"), 2, done.stdout)
+    return done
+
+
 class _OneProcessGroup(absltest.TestCase):
     """A real one-process gloo group in the test process, destroyed after each test."""
 
@@ -132,14 +145,8 @@ class ExitTest(absltest.TestCase):
         # Released during the shutdown instead, the group's destructor lets its worker ask for the
         # GIL, and the interpreter ends that thread inside a destructor: both processes abort with
         # "terminate called without an active exception" (every run, torch 2.13).
-        with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "kept_at_exit.py")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(_KEPT_AT_EXIT)
-            done = processes.launch_two(path, [fixtures.REPO], timeout=120)
+        done = _both_end(self, _KEPT_AT_EXIT, [])
         self.assertNotIn("terminate called", done.stderr)
-        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-        self.assertEqual(done.stdout.count("ended"), 2, done.stdout)
 
     def test_each_keep_makes_the_release_the_last_atexit_handler_registered(self):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -155,14 +162,8 @@ class ExitTest(absltest.TestCase):
 
 class EndsOfDdpModelsTest(absltest.TestCase):
     def test_two_processes_end_a_hundred_ddp_models_without_hanging(self):
-        with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "ends.py")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(_ENDS)
-            # About 5 s of iterations on 2 cores; a hang is killed at the limit and fails the test.
-            done = processes.launch_two(path, [fixtures.REPO, "100"], timeout=120)
-        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-        self.assertEqual(done.stdout.count("ended"), 2, done.stdout)
+        # About 5 s of iterations on 2 cores; a hang is killed at the limit and fails the test.
+        _both_end(self, _ENDS, ["100"])
 
 
 if __name__ == "__main__":
