@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Literal, Sequence, TypeVar
 
-import yaml
 from transformers import HfArgumentParser
 
+from t5_training import flag_words
 from t5_training.errors import UsageError
 
 C = TypeVar("C")
@@ -167,9 +166,9 @@ def parse_config(cls: type[C], argv: Sequence[str] | None) -> C:
     flag, in the file or on the command line, raises `UsageError` naming the closest flag; so
     does a flag the config's `check_given` finds has nothing to do beside the others given.
     """
-    words = list(argv or [])
-    words = _expand_config_file(words)
     parser = _Parser(cls, allow_abbrev=False)
+    lists = {name: action.dest for action in parser._actions if action.nargs in ("+", "*") for name in action.option_strings}
+    words = flag_words.expand_config_file(flag_words.join_repeated_lists(list(argv or []), lists))
     known = sorted(name for action in parser._actions for name in action.option_strings)
     for word in words:
         flag = word.split("=", 1)[0]
@@ -197,37 +196,6 @@ def given_flags(parser: HfArgumentParser, words: Sequence[str]) -> frozenset[str
     fields = {option: action.dest for action in parser._actions for option in action.option_strings}
     return frozenset(fields[word.split("=", 1)[0]] for word in words
                      if word.startswith("--") and word.split("=", 1)[0] in fields)
-
-
-def _expand_config_file(words: list[str]) -> list[str]:
-    """Replaces `--config FILE` by the flags the file holds, placed first so later flags win."""
-    for i, word in enumerate(words):
-        if word == "--config" or word.startswith("--config="):
-            path = word.split("=", 1)[1] if "=" in word else (words[i + 1] if i + 1 < len(words) else "")
-            rest = words[:i] + words[i + (1 if "=" in word else 2):]
-            return _file_to_words(path) + rest
-    return words
-
-
-def _file_to_words(path: str) -> list[str]:
-    if not path or not os.path.isfile(path):
-        raise UsageError(f"--config file {path!r} not found; pass a YAML or JSON file of flag: value pairs")
-    with open(path, encoding="utf-8") as f:
-        try:
-            values = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
-        except (json.JSONDecodeError, yaml.YAMLError) as err:
-            raise UsageError(f"--config file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                             f"{str(err).splitlines()[0]}") from None
-    if not isinstance(values, dict):
-        raise UsageError(f"--config file {path} must hold a mapping of flag: value pairs")
-    words = []
-    for key, value in values.items():
-        if value is None:
-            continue
-        words.append(f"--{key}")
-        items = value if isinstance(value, list) else [value]
-        words.extend(str(item).lower() if isinstance(item, bool) else str(item) for item in items)
-    return words
 
 
 RESOLVED = "resolved_"

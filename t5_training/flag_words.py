@@ -1,0 +1,71 @@
+"""The words of a command line before argparse reads them: a --config file's flags put first, a
+repeated list flag's values joined. parse_config (config.py) reads what these return."""
+from __future__ import annotations
+
+import json
+import os
+
+import yaml
+
+from t5_training.errors import UsageError
+
+
+def join_repeated_lists(words: list[str], lists: dict[str, str]) -> list[str]:
+    """`--train_file a --train_file b` as `--train_file a b`: every value of a list flag given more
+    than once on the command line, where it first stands. argparse would keep the last alone, and a
+    run would silently read part of what it was given. (Against a --config file's value the command
+    line's still wins whole: the file's words come first.) `lists` maps each spelling of a list flag
+    (--train_file, --train-file) to its field. An occurrence without values is left for argparse to refuse."""
+    occurrences: list[tuple[str | None, list[str]]] = []  # (a list flag, its values), or (None, other words)
+    for word in words:
+        name = word.split("=", 1)[0]
+        if word.startswith("--") and name in lists:
+            occurrences.append((name, [word.split("=", 1)[1]] if "=" in word else []))
+        elif not word.startswith("--") and occurrences and occurrences[-1][0] is not None:
+            occurrences[-1][1].append(word)
+        else:
+            occurrences.append((None, [word]))
+    joined: dict[str, list[str]] = {}
+    for flag, values in occurrences:
+        if flag is not None and values:
+            joined.setdefault(lists[flag], []).extend(values)
+    out: list[str] = []
+    for flag, values in occurrences:
+        if flag is None:
+            out.extend(values)
+        elif not values:
+            out.append(flag)
+        elif lists[flag] in joined:
+            out.extend([flag, *joined.pop(lists[flag])])
+    return out
+
+
+def expand_config_file(words: list[str]) -> list[str]:
+    """Replaces `--config FILE` by the flags the file holds, placed first so later flags win."""
+    for i, word in enumerate(words):
+        if word == "--config" or word.startswith("--config="):
+            path = word.split("=", 1)[1] if "=" in word else (words[i + 1] if i + 1 < len(words) else "")
+            rest = words[:i] + words[i + (1 if "=" in word else 2):]
+            return file_to_words(path) + rest
+    return words
+
+
+def file_to_words(path: str) -> list[str]:
+    if not path or not os.path.isfile(path):
+        raise UsageError(f"--config file {path!r} not found; pass a YAML or JSON file of flag: value pairs")
+    with open(path, encoding="utf-8") as f:
+        try:
+            values = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
+        except (json.JSONDecodeError, yaml.YAMLError) as err:
+            raise UsageError(f"--config file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                             f"{str(err).splitlines()[0]}") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"--config file {path} must hold a mapping of flag: value pairs")
+    words = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        words.append(f"--{key}")
+        items = value if isinstance(value, list) else [value]
+        words.extend(str(item).lower() if isinstance(item, bool) else str(item) for item in items)
+    return words
