@@ -10,6 +10,8 @@ of the `CliError`s below; `run_cli` prints its message once and exits with the e
     3   training diverged (DivergedError): the loss stayed non-finite; no NaN weights were saved
     75  preempted (Preempted): a checkpoint was saved; rerun with --resume_from_checkpoint auto.
         75 is sysexits' EX_TEMPFAIL ("try again later"), which the Slurm scripts requeue on.
+    130 interrupted by Ctrl-C (Interrupted: a checkpoint was saved, as for 75; or, at a second
+        Ctrl-C or outside training, KeyboardInterrupt: stopped at once, checkpoints saved before intact)
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from t5_training import teardown
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
 
 class CliError(Exception):
@@ -76,6 +79,13 @@ class Preempted(CliError):
     raised_by_every_process = True
 
 
+class Interrupted(Preempted):
+    """Ctrl-C (SIGINT) arrived; the run saved a checkpoint and stops. Not requeued: the user asked."""
+
+    exit_code = EXIT_INTERRUPTED
+    prefix = "interrupted"
+
+
 def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> int:
     """Runs `main(argv)`; a `CliError` becomes one line on stderr and its exit code."""
     try:
@@ -88,6 +98,14 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
             print(f"error: no space left on device writing {err.filename or 'a file'}; free space and rerun with "
                   "--resume_from_checkpoint auto (checkpoints saved before are intact)", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training loop, or a second one inside it: no traceback, and nothing
+        # half-written counts (checkpoints and exports are renamed into place once complete).
+        if os.environ.get("RANK", "0") == "0":
+            print("interrupted: stopped at once (Ctrl-C), without saving; what was written before is intact, and "
+                  "a training run continues from its newest checkpoint with --resume_from_checkpoint auto",
+                  file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except CliError as err:
         # Under `accelerate launch` every process hits the same error: print it once.
         main_process = os.environ.get("RANK", "0") == "0"

@@ -6,6 +6,10 @@ schedulers. `PreemptionHandler` records the signal; the training loop finishes t
 step in flight, saves a checkpoint, and raises `Preempted`, which exits with code 75 so that a
 job script can requeue the run and resume it with `--resume_from_checkpoint auto`.
 
+Ctrl-C (SIGINT) in a terminal is answered the same way, but ends with `Interrupted` (exit 130,
+the shell's code for SIGINT: nothing requeues it): a first Ctrl-C saves, a second one stops at
+once without saving (KeyboardInterrupt, one line from errors.run_cli), for a save that takes long.
+
 Kill points. `T5_TRAINING_KILL_AT=site:step[:micro]` makes the process SIGKILL itself at one
 exact point, the way a node failure or the OOM killer would end it: nothing is flushed, no
 handler runs. The resume tests use it to crash a run mid-accumulation, mid-evaluation and
@@ -22,14 +26,16 @@ import signal
 import threading
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (*PREEMPTION_SIGNALS, signal.SIGINT)
 KILL_ENV = "T5_TRAINING_KILL_AT"
 
 
 class PreemptionHandler:
-    """Installs handlers for SIGTERM and SIGUSR1 while the `with` block runs; restores the old ones after.
+    """Installs handlers for SIGTERM, SIGUSR1 and SIGINT while the `with` block runs; restores the old ones after.
 
     The handler only records the signal: stopping happens at a step boundary, where the state
-    is consistent. A second signal while the checkpoint is written is ignored the same way.
+    is consistent. A second SIGTERM or SIGUSR1 while the checkpoint is written is ignored the
+    same way; a second SIGINT (Ctrl-C again) raises KeyboardInterrupt, to stop without saving.
     """
 
     def __init__(self, announce=print):
@@ -39,8 +45,11 @@ class PreemptionHandler:
 
     def __enter__(self) -> "PreemptionHandler":
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
-            for sig in PREEMPTION_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._record)
+            for sig in STOP_SIGNALS:
+                # A run started in the background of a script ignores SIGINT (the shell set it so):
+                # Ctrl-C meant for the script must not stop it.
+                if sig != signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._record)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -51,7 +60,10 @@ class PreemptionHandler:
     def _record(self, signum, frame) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
-            self._announce(f"{self.received} received: stopping after this step and saving a checkpoint")
+            again = "; press Ctrl-C again to stop at once, without saving" if signum == signal.SIGINT else ""
+            self._announce(f"{self.received} received: stopping after this step and saving a checkpoint{again}")
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
 
 
 def parse_kill_at(value: str | None) -> tuple[str, int, int | None] | None:

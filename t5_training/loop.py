@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from t5_training import agreement, device, resume, run_dir
 from t5_training.config import TrainingConfig
-from t5_training.errors import Preempted, UsageError
+from t5_training.errors import Interrupted, Preempted, UsageError
 from t5_training.interrupts import PreemptionHandler, kill_point
 from t5_training.runtime import Prepared
 from t5_training.step import guard_nonfinite, train_step, window_counts
@@ -162,8 +162,9 @@ def train(accelerator: Accelerator, config: TrainingConfig, run: Prepared, state
                 log.flush()
                 path = run_dir.save(accelerator, config, model, run.scheduler, state)
                 if preempted and not at_end:
-                    raise Preempted(f"{preemption.received or 'a signal'} received: saved {path} at step "
-                                    f"{state.step}; rerun with --resume_from_checkpoint auto to continue")
+                    stopped = Interrupted if preemption.received == "SIGINT" else Preempted
+                    raise stopped(f"{preemption.received or 'a signal'} received: saved {path} at step "
+                                  f"{state.step}; rerun with --resume_from_checkpoint auto to continue")
     return state
 
 
