@@ -22,6 +22,9 @@ class RepeatedListFlagTest(parameterized.TestCase):
         ("repeated", ["--train_file", "a.txt", "--train_file", "b.txt", "c.txt"], ["a.txt", "b.txt", "c.txt"]),
         ("equals_forms", ["--train_file=a.txt", "--seed", "3", "--train_file=b.txt"], ["a.txt", "b.txt"]),
         ("both_spellings", ["--train_file", "a.txt", "--train-file", "b.txt"], ["a.txt", "b.txt"]),
+        # The first "=" ends the flag's name; the rest, "=" and all, is the value (sweep files are named so).
+        ("equals_in_values", ["--train_file=lr=1e-4,seed=7.txt", "--train_file=b=c.txt"],
+         ["lr=1e-4,seed=7.txt", "b=c.txt"]),
         ("once", ["--train_file", "a.txt", "b.txt"], ["a.txt", "b.txt"]))
     def test_a_list_flag_given_again_adds_to_it(self, words, files):
         # argparse keeps the last occurrence alone: a run would read part of its corpus, silently.
