@@ -16,7 +16,7 @@ import sys
 
 from accelerate.utils import set_seed
 
-from t5_training import agreement, batch_size, denoisers, loop, pretrain_data, run_dir, runtime, teacher_forced
+from t5_training import agreement, batch_size, loop, pretrain_data, run_dir, runtime, teacher_forced
 from t5_training.config import parse_config
 from t5_training.errors import run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     drawn = pretrain_data.drawn_from(config, collator)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,
                            streaming=config.streaming,
-                           check=lambda saved, path: denoisers.check_same_denoisers(saved.mixture, drawn, path))
+                           check=lambda saved, path: pretrain_data.check_same_objective(saved.mixture, drawn, path))
     state.mixture = drawn
     runtime.init_trackers(accelerator, config, config.project_name)
     objective = loop.Objective("loss", greater_is_better=False)

@@ -39,10 +39,38 @@ def build_collator(config, tokenizer):
 
 
 def drawn_from(config, collator) -> dict:
-    """What a UL2 run draws its rows' denoisers from, for its checkpoints; other objectives record nothing."""
-    if config.resolved_objective != "ul2":
-        return {}
-    return denoisers.denoiser_record(collator.denoisers, collator.rates, collator.input_length)
+    """What the run's batches are drawn from, as its checkpoints record it (TrainState.mixture): UL2's
+    mixture of denoisers (denoisers.denoiser_record), or the objective and the flags that shape its chunks."""
+    if config.resolved_objective == "ul2":
+        return denoisers.denoiser_record(collator.denoisers, collator.rates, collator.input_length)
+    record = {"objective": config.resolved_objective, "max_seq_length": config.max_seq_length}
+    if config.resolved_objective == "span_corruption":
+        record.update(noise_density=config.noise_density, mean_noise_span_length=config.mean_noise_span_length)
+    return record
+
+
+def check_same_objective(saved: dict, now: dict, path: str) -> None:
+    """Refuses to resume from a checkpoint pretrained with another objective, or with other flags shaping
+    its chunks and masks: its data position would not point at the batches an uninterrupted run sees next,
+    and its best loss would be another task's. A checkpoint of an earlier version records nothing for
+    span corruption or the prefix LM, and resumes as before."""
+    ul2_saved, ul2_now = "denoisers" in saved, "denoisers" in now
+    if saved == now or (not saved and not ul2_now):
+        return
+    if ul2_now and (ul2_saved or not saved):
+        denoisers.check_same_denoisers(saved, now, path)
+    elif ul2_saved:
+        denoisers.check_same_denoisers(saved, {}, path)  # its message for a UL2 checkpoint and another objective
+
+    def flags(record):  # in the order drawn_from writes them: a checkpoint's JSON comes back with sorted keys
+        if "denoisers" in record:
+            return "--objective ul2"
+        order = ("objective", "max_seq_length", "noise_density", "mean_noise_span_length")
+        return " ".join(f"--{name} {record[name]}" for name in order if name in record)
+
+    raise UsageError(f"checkpoint {path} was pretrained with {flags(saved)}, and this run asks for {flags(now)}; "
+                     "resume with the checkpoint's flags, or start a new run from its weights with "
+                     "--model_name_or_path")
 
 
 def build_mixture_collator(config, tokenizer) -> denoisers.DataCollatorForDenoiserMixture:

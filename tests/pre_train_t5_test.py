@@ -109,6 +109,21 @@ class ObjectivesTest(parameterized.TestCase):
             self.assertEqual(model.config.dropout_rate, 0.0)  # T5 1.1 pretrains without dropout
             self.assertTrue(os.path.isfile(os.path.join(out, "final", "tokenizer.json")))
 
+    def test_resume_refuses_another_objective_and_takes_the_same_one(self):
+        with tempfile.TemporaryDirectory() as out:
+            run = os.path.join(out, "run")
+            args = pretrain_args(run, "--max_seq_length", "64", "--max_steps", "2", "--save_steps", "2",
+                                 "--per_device_train_batch_size", "4", "--max_eval_samples", "8")
+            pre_train_t5.main(args)
+            self.assertEqual(run_dir.read_state(run, 2)["mixture"],
+                             {"objective": "span_corruption", "max_seq_length": 64, "noise_density": 0.15,
+                              "mean_noise_span_length": 3.0})
+            more = _drop(args, "--max_steps") + ["--max_steps", "3", "--resume_from_checkpoint", "auto"]
+            with self.assertRaisesRegex(UsageError, "was pretrained with --objective span_corruption --max_seq_length "
+                                                    "64 .*, and this run asks for --objective prefix_lm"):
+                pre_train_t5.main(more + ["--objective", "prefix_lm"])
+            self.assertEqual(pre_train_t5.main(more)["train"]["train_steps"], 3)
+
     def test_streaming_with_validation_file(self):
         with tempfile.TemporaryDirectory() as out:
             args = pretrain_args(out, "--max_steps", "3", "--per_device_train_batch_size", "4", "--streaming",
