@@ -200,13 +200,18 @@ def agree_on_write(accelerator, failure: OSError | None, partial: str, target: s
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
     accelerator.wait_for_everyone()
+    intact = list_checkpoints(output_dir)
+    kept = f"{intact[-1]} is intact" if intact else "no earlier checkpoint exists"
+    raise WriteError(f"{could_not_write(target, failure)}; {kept}, and nothing half-written was left: free space "
+                     "and rerun with --resume_from_checkpoint auto")
+
+
+def could_not_write(target: str, failure: OSError | None) -> str:
+    """"could not write TARGET (reason; N MiB free in its folder)": what every failed write says first."""
     reason = (failure.strerror or type(failure).__name__) if failure is not None else "failed on another process"
     folder = os.path.dirname(os.path.abspath(target))
     free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-    intact = list_checkpoints(output_dir)
-    kept = f"{intact[-1]} is intact" if intact else "no earlier checkpoint exists"
-    raise WriteError(f"could not write {target} ({reason}; {free / 2**20:.1f} MiB free in {folder}); {kept}, and "
-                     "nothing half-written was left: free space and rerun with --resume_from_checkpoint auto")
+    return f"could not write {target} ({reason}; {free / 2**20:.1f} MiB free in {folder})"
 
 
 def _file_sizes(folder: str) -> dict[str, int]:

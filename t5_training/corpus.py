@@ -1,4 +1,5 @@
-"""Pretraining text: reading a corpus, tokenizing it in fast batches, and packing it into chunks.
+"""Pretraining text: loading a corpus (its files read by text_files.py, or a hub dataset), tokenizing
+it in fast batches, and packing it into chunks.
 
 Packing joins documents end to end, as T5's span_corruption does (reduce_concat_tokens, then
 split_tokens: no separator; the collator appends EOS to each corrupted input and target), and
@@ -15,65 +16,16 @@ puts an EOS after each document instead, which sentinels may then mask mid-chunk
 """
 from __future__ import annotations
 
-import glob
-import json
 import os
 from typing import Iterable, Iterator, Sequence
 
 import datasets
 import numpy as np
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
 from t5_training.errors import UsageError
-
-TEXT_SUFFIXES = (".txt", ".text", ".raw")
-JSON_SUFFIXES = (".json", ".jsonl")
-PARQUET_SUFFIXES = (".parquet",)
-
-
-def expand_files(patterns: Sequence[str], flag: str = "--train_file") -> list[str]:
-    """Globs expanded and sorted (so every process sees the same order); unmatched ones are an error."""
-    files = []
-    for pattern in patterns:
-        matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        matched = [path for path in matched if os.path.isfile(path)]
-        if not matched:
-            raise UsageError(f"{flag} {pattern!r} matches no file; check the path or quote the glob")
-        # A file matched by two patterns is still read once.
-        files.extend(path for path in matched if path not in files)
-    for path in files:
-        if not path.endswith(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
-            raise UsageError(f"{path}: unsupported corpus file; use .txt, .jsonl/.json or .parquet")
-    return files
-
-
-def iter_documents(path: str, text_column: str) -> Iterator[str]:
-    """Documents of one file, read lazily: a line of text, a JSON line's field, or a parquet row."""
-    if path.endswith(PARQUET_SUFFIXES):
-        parquet = pq.ParquetFile(path)
-        if text_column not in parquet.schema_arrow.names:
-            raise UsageError(f"{path} has no column {text_column!r}; columns found: "
-                             f"{', '.join(parquet.schema_arrow.names)}. Set --text_column")
-        for batch in parquet.iter_batches(columns=[text_column], batch_size=1024):
-            yield from (text for text in batch.column(0).to_pylist() if text and text.strip())
-        return
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if path.endswith(JSON_SUFFIXES):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise UsageError(f"{path} line {number} is not JSON ({err.msg}); give one JSON object "
-                                     "a line (JSON Lines)") from None
-                if not isinstance(record, dict) or text_column not in record:
-                    raise UsageError(f"{path} line {number} has no field {text_column!r}; set --text_column")
-                line = record[text_column] or ""
-            if line.strip():
-                yield line.strip()
+from t5_training.text_files import iter_documents
 
 
 def load_documents(files: Sequence[str] | None, dataset_name: str | None, dataset_config_name: str | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from t5_training import corpus, denoisers, device
+from t5_training import corpus, denoisers, device, text_files
 from t5_training.collators import DataCollatorForPrefixLM, DataCollatorForT5MLM
 from t5_training.errors import UsageError
 from t5_training.modeling import has_sentinels
@@ -128,8 +128,8 @@ def _longest_batch(collator, tokenizer, n: int) -> dict:
 
 def build_corpus(config, tokenizer, chunk_length: int, accelerator):
     """(train data, validation chunks): packed in memory, or a stream when --streaming."""
-    files = corpus.expand_files(config.train_file) if config.train_file else None
-    held_out = corpus.expand_files(config.validation_file, "--validation_file") if config.validation_file else None
+    files = text_files.expand_files(config.train_file) if config.train_file else None
+    held_out = text_files.expand_files(config.validation_file, "--validation_file") if config.validation_file else None
     if config.streaming:
         source = files or corpus.load_documents(None, config.dataset_name, config.dataset_config_name, "train",
                                                 config.text_column, streaming=True)

@@ -7,7 +7,6 @@ Packing must then be an exact cut of that stream, whichever way the corpus is re
 """
 
 import itertools
-import json
 import os
 import re
 import tempfile
@@ -15,8 +14,6 @@ import tempfile
 from absl.testing import absltest, parameterized
 import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from transformers import AutoTokenizer
 
@@ -300,60 +297,6 @@ class CorpusTest(fixtures.TempDirTestCase):
         rows = list(loader)
         # Four readers in all: process 1's workers are readers 2 and 3.
         self.assertCountEqual(_rows(row["input_ids"] for row in rows), self.expected_strided(4, (2, 3), 568))
-
-    # --- reading files ------------------------------------------------------------------------
-
-    def test_expand_files(self):
-        for name in ("b.txt", "a.txt", "c.jsonl", "d.parquet"):
-            _write(os.path.join(self.dir, name), "x\n")
-        os.mkdir(os.path.join(self.dir, "folder.txt"))  # a folder is not a corpus file
-        star = os.path.join(self.dir, "*.txt")
-        self.assertEqual(corpus.expand_files([star]), [os.path.join(self.dir, n) for n in ("a.txt", "b.txt")])
-        jsonl = os.path.join(self.dir, "c.jsonl")
-        self.assertEqual(corpus.expand_files([jsonl, star]), [jsonl] + corpus.expand_files([star]))
-        self.assertEqual(corpus.expand_files([os.path.join(self.dir, "[cd].*")]),
-                         [jsonl, os.path.join(self.dir, "d.parquet")])
-        missing = os.path.join(self.dir, "nothing*.txt")
-        with self.assertRaisesRegex(UsageError, re.escape(f"--validation_file '{missing}' matches no file")):
-            corpus.expand_files([star, missing], "--validation_file")
-        with self.assertRaisesRegex(UsageError, "no_such.txt' matches no file"):
-            corpus.expand_files([os.path.join(self.dir, "no_such.txt")])
-        csv_path = _write(os.path.join(self.dir, "e.csv"), "x\n")
-        with self.assertRaisesRegex(UsageError, re.escape(f"{csv_path}: unsupported corpus file")):
-            corpus.expand_files([star, csv_path])
-
-    def test_text_file_skips_blank_lines_and_strips(self):
-        path = _write(os.path.join(self.dir, "t.txt"), "\n  first doc  \n\n\t\nsecond\n   \nthird")
-        self.assertEqual(list(corpus.iter_documents(path, "text")), ["first doc", "second", "third"])
-
-    def test_jsonl(self):
-        records = [{"body": "one", "id": 1}, {"body": "  "}, {"body": None}, {"body": "two"}]
-        path = _write(os.path.join(self.dir, "a.jsonl"), "\n".join(json.dumps(r) for r in records[:2]) +
-                      "\n\n" + "\n".join(json.dumps(r) for r in records[2:]) + "\n")
-        self.assertEqual(list(corpus.iter_documents(path, "body")), ["one", "two"])
-        with self.assertRaisesRegex(UsageError, re.escape(f"{path} line 1 has no field 'text'; set --text_column")):
-            list(corpus.iter_documents(path, "text"))
-        bad = _write(os.path.join(self.dir, "b.json"), '{"text": "fine"}\n\n{"title": "t"}\n')
-        documents = corpus.iter_documents(bad, "text")
-        self.assertEqual(next(documents), "fine")  # read lazily: the error waits for its line
-        with self.assertRaisesRegex(UsageError, re.escape(f"{bad} line 3 has no field 'text'")):
-            next(documents)
-        broken = _write(os.path.join(self.dir, "c.jsonl"), '{"text": "fine"}\n{"text": "cut\n')
-        with self.assertRaisesRegex(UsageError, re.escape(f"{broken} line 2 is not JSON")):
-            list(corpus.iter_documents(broken, "text"))
-
-    def test_parquet(self):
-        texts = [f"row {i}" if i % 7 else "   " for i in range(2500)]  # more rows than one read batch
-        texts[10] = None
-        path = os.path.join(self.dir, "p.parquet")
-        pq.write_table(pa.table({"body": texts, "lang": ["en"] * 2500}), path, row_group_size=1000)
-        expected = [t for t in texts if t and t.strip()]
-        self.assertEqual(list(corpus.iter_documents(path, "body")), expected)
-        self.assertLen(expected, 2500 - 358 - 1)
-        with self.assertRaisesRegex(UsageError, re.escape(f"{path} has no column 'text'; columns found: body, lang")):
-            list(corpus.iter_documents(path, "text"))
-        documents = corpus.load_documents([path], None, None, "train", "body", streaming=False)
-        self.assertEqual(list(documents["text"]), expected)
 
     def test_load_documents_bad_input_is_a_usage_error(self):
         bad = _write(os.path.join(self.dir, "b.jsonl"), '{"text": "fine"}\n{"title": "t"}\n')

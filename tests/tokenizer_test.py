@@ -6,8 +6,11 @@ import json
 import os
 import re
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest, parameterized
+import pyarrow as pa
+import pyarrow.parquet as pq
 import sentencepiece as spm
 from transformers import AutoTokenizer, T5TokenizerFast
 
@@ -135,7 +138,7 @@ class TokenizerTest(parameterized.TestCase):
             tokenizer_lib.main(["--train_file", os.path.join(self._tmp.name, "nope", "*.txt"),
                                 "--output_dir", os.path.join(self._tmp.name, "unused")])
         self.assertEqual(cm.exception.code, 2)
-        self.assertIn("matched no files", stderr.getvalue())
+        self.assertIn("matches no file; check the path or quote the glob", stderr.getvalue())
         self.assertFalse(os.path.exists(os.path.join(self._tmp.name, "unused")))
 
     def test_cli_refuses_non_empty_output_dir(self):
@@ -172,7 +175,73 @@ class TokenizerTest(parameterized.TestCase):
             code, said = self._cli_error(["--train_file", os.path.join(corpus, "b.jsonl"),
                                           "--output_dir", os.path.join(d, "out2")])
             self.assertEqual(code, 2)
-            self.assertRegex(said, r"b\.jsonl:1 has no 'text' field; set --text_column")
+            self.assertRegex(said, r"b\.jsonl line 1 has no field 'text'; set --text_column")
+
+    def test_cli_reads_each_kind_of_file_as_pretraining_does(self):
+        # The same lines as text, as JSON lines (.jsonl and .json alike: no key or brace is learned as
+        # text) and as parquet rows give the same tokenizer.
+        with tempfile.TemporaryDirectory() as d:
+            lines = [line.strip() for line in self.lines]
+            with open(os.path.join(d, "a.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+            for name in ("a.jsonl", "a.json"):
+                with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+                    f.writelines(json.dumps({"text": line, "meta_source": "x"}) + "\n" for line in lines)
+            pq.write_table(pa.table({"text": lines}), os.path.join(d, "a.parquet"))
+            vocabularies = []
+            for name in ("a.txt", "a.jsonl", "a.json", "a.parquet"):
+                out = os.path.join(d, name + "-tok")
+                with contextlib.redirect_stdout(io.StringIO()):
+                    tokenizer_lib.main(["--train_file", os.path.join(d, name), "--output_dir", out,
+                                        "--vocab_size", str(VOCAB_SIZE)])
+                vocabularies.append(AutoTokenizer.from_pretrained(out).get_vocab())
+        self.assertEqual(vocabularies[1:], vocabularies[:1] * 3)
+        self.assertNotIn("\u2581meta", vocabularies[2])
+
+    def test_cli_bad_files_and_flags_are_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            latin = os.path.join(d, "latin.txt")
+            with open(latin, "wb") as f:
+                f.write("caf\xe9\n".encode("latin-1"))
+            a_file = os.path.join(d, "taken")
+            open(a_file, "w").close()
+            corpus = fixtures.corpus_files()[0]
+            for argv, said in (
+                    (["--train_file", latin], f"{latin} line 1 is not UTF-8 text (byte 0xe9)"),
+                    (["--train_file", d], f"--train_file {d!r} is a folder; pass the files in it"),
+                    (["--train_file", corpus, "--input_sentence_size", "-3"],
+                     "--input_sentence_size must be at least 1, got -3")):
+                code, line = self._cli_error([*argv, "--output_dir", os.path.join(d, "out")])
+                self.assertEqual(code, 2)
+                self.assertIn(said, line)
+                self.assertFalse(os.path.exists(os.path.join(d, "out")))
+            code, line = self._cli_error(["--train_file", corpus, "--output_dir", a_file])
+            self.assertEqual((code, line), (2, f"python -m t5_training.tokenizer: error: --output_dir {a_file} is a "
+                                               "file; pick a folder"))
+
+    def test_cli_a_full_disk_leaves_nothing_half_written(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "tok")
+            real = T5TokenizerFast.save_pretrained
+
+            def full(tokenizer, folder, *args, **kwargs):  # part of the files written, then no space
+                real(tokenizer, folder, *args, **kwargs)
+                raise Exception("failed to write tokenizer.json (os error 28)")
+
+            with mock.patch.object(T5TokenizerFast, "save_pretrained", full):
+                code, line = self._cli_error(["--train_file", fixtures.corpus_files()[0], "--output_dir", out,
+                                              "--vocab_size", str(VOCAB_SIZE)])
+            self.assertEqual(code, 2)
+            self.assertRegex(line, rf"could not write {re.escape(out)} \(No space left on device; [\d.]+ MiB free in "
+                                   rf"{re.escape(d)}\); nothing half-written was left: free space and rerun$")
+            self.assertEqual(os.listdir(d), [])
+
+    def test_cli_ctrl_c_is_one_line(self):
+        with tempfile.TemporaryDirectory() as d, \
+                mock.patch.object(tokenizer_lib, "train_tokenizer", side_effect=KeyboardInterrupt):
+            code, line = self._cli_error(["--train_file", fixtures.corpus_files()[0], "--output_dir", d])
+        self.assertEqual((code, line), (130, "python -m t5_training.tokenizer: interrupted (Ctrl-C); nothing was "
+                                             "written"))
 
     def _cli_error(self, argv):
         """The exit code and the one line on stderr of a refused command."""

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from t5_training import denoisers
 from t5_training.collators import compute_input_and_target_lengths
-from t5_training import corpus, data, reporting
+from t5_training import corpus, data, reporting, text_files
 from t5_training.config import parse_config, resolve_objective
 from t5_training.errors import UsageError, run_cli
 from t5_training.modeling import load_tokenizer
@@ -156,7 +156,7 @@ def task_stats(config: StatsConfig, tokenizer) -> dict:
 def corpus_stats(config: StatsConfig, tokenizer) -> dict:
     """Document lengths of a pretraining corpus and the chunks pre_train_t5.py would pack them into."""
     chunk, how, read = packing(config)  # first: a bad --denoisers file fails before any text is read
-    files = corpus.expand_files(config.corpus_file, "--corpus_file")
+    files = text_files.expand_files(config.corpus_file, "--corpus_file")
     documents = corpus.load_documents(files, None, None, "train", config.text_column, streaming=False)
     if config.max_samples:
         documents = documents.select(range(min(config.max_samples, len(documents))))

@@ -3,6 +3,9 @@
     python -m t5_training.tokenizer --train_file 'corpus/*.txt' [--train_file more.jsonl] \
         --output_dir runs/tok --vocab_size 8000
 
+It reads the files as pre_train_t5.py does (t5_training/text_files.py), and writes the folder whole
+or not at all.
+
 Layout matches the original T5 vocabulary: pad=0 "<pad>", eos=1 "</s>", unk=2 "<unk>", no bos,
 then UL2's three mode tokens "[NLU]", "[NLG]", "[S2S]" (ids 3, 4, 5: sentencepiece control
 symbols, special tokens of the fast tokenizer), then the unigram pieces, then 100 sentinels with
@@ -15,19 +18,21 @@ embedding size is exactly `vocab_size`. The output dir loads with `AutoTokenizer
 from __future__ import annotations
 
 import argparse
-import glob
 import io
 import itertools
-import json
 import os
 import re
+import shutil
 import tempfile
 from typing import Iterable, Iterator
 
 import sentencepiece as spm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast
 
+from t5_training import text_files
+from t5_training.checkpoint import attempt_write, could_not_write
 from t5_training.denoisers import MODE_TOKENS
+from t5_training.errors import EXIT_INTERRUPTED, UsageError, WriteError
 from t5_training.modeling import NUM_SENTINELS
 
 
@@ -82,7 +87,6 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
         if errors:
             raise errors[0] from None
         raise _training_error(e, vocab_size) from None
-    os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # T5TokenizerFast(vocab_file=...) silently ignores the file in transformers 5, and from_pretrained on
         # output_dir could pick up a stale tokenizer.json; converting from a dir holding only spiece.model
@@ -90,11 +94,29 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
         with open(os.path.join(tmp, "spiece.model"), "wb") as f:
             f.write(model.getvalue())
         tokenizer = T5TokenizerFast.from_pretrained(tmp, extra_ids=NUM_SENTINELS)
-    tokenizer.save_pretrained(output_dir)
-    # save_pretrained in v5 writes only tokenizer.json/config; keep the raw model for sentencepiece users.
-    with open(os.path.join(output_dir, "spiece.model"), "wb") as f:
-        f.write(model.getvalue())
+    _save_whole(tokenizer, model.getvalue(), output_dir)
     return AutoTokenizer.from_pretrained(output_dir)
+
+
+def _save_whole(tokenizer, spiece_model: bytes, output_dir: str) -> None:
+    """Writes the tokenizer under `<output_dir>.tmp` and renames it into place once complete, so a
+    full disk leaves no half-written tokenizer.json (a WriteError says so) and an earlier one intact."""
+    partial = os.path.normpath(output_dir) + ".tmp"
+
+    def write() -> None:
+        shutil.rmtree(partial, ignore_errors=True)
+        tokenizer.save_pretrained(partial)
+        # save_pretrained in v5 writes only tokenizer.json/config; keep the raw model for sentencepiece users.
+        with open(os.path.join(partial, "spiece.model"), "wb") as f:
+            f.write(spiece_model)
+        shutil.rmtree(output_dir, ignore_errors=True)
+        os.replace(partial, output_dir)
+
+    failure = attempt_write(write)
+    if failure is not None:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise WriteError(f"{could_not_write(output_dir, failure)}; nothing half-written was left: free space and "
+                         "rerun")
 
 
 def _training_error(error: RuntimeError, vocab_size: int) -> ValueError:
@@ -106,21 +128,16 @@ def _training_error(error: RuntimeError, vocab_size: int) -> ValueError:
         return ValueError(f"vocab_size={vocab_size} is too large for this corpus: it has room for at most "
                           f"{int(most.group(1)) + NUM_SENTINELS} (sentinels included); pass a smaller "
                           f"vocab_size or more text")
-    return ValueError(f"sentencepiece could not train vocab_size={vocab_size} on this corpus: {msg}")
+    # Its advice names its own flags (--character_coverage), which this command does not have.
+    msg = re.sub(r"\s*Increase vocab_size.*$", "", msg)
+    return ValueError(f"sentencepiece could not train vocab_size={vocab_size} on this corpus: {msg}; "
+                      "pass a larger --vocab_size or more text")
 
 
 def _read_texts(paths: list[str], text_column: str) -> Iterator[str]:
+    """The documents of every file, read as pretraining reads them (t5_training/text_files.py)."""
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            if not path.endswith(".jsonl"):
-                yield from f
-                continue
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    record = json.loads(line)
-                    if text_column not in record:
-                        raise KeyError(f"{path}:{lineno} has no {text_column!r} field; set --text_column")
-                    yield record[text_column]
+        yield from text_files.iter_documents(path, text_column)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,28 +148,31 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"{parser.prog}: error: {msg}\n")
 
     parser.add_argument("--train_file", action="append", required=True,
-                        help="Glob of .txt (one paragraph per line) or .jsonl files; repeatable.")
+                        help="Glob of .txt (one paragraph per line), .jsonl/.json (JSON lines) or .parquet files; "
+                             "repeatable. Read as pre_train_t5.py reads them.")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--vocab_size", type=int, default=8000, help="Total size INCLUDING the 100 sentinels.")
-    parser.add_argument("--text_column", default="text", help="Field holding the text in .jsonl files.")
-    parser.add_argument("--input_sentence_size", type=int, default=1_000_000)
+    parser.add_argument("--text_column", default="text", help="Field holding the text in .jsonl and .parquet files.")
+    parser.add_argument("--input_sentence_size", type=int, default=1_000_000,
+                        help="Lines sentencepiece samples to train on.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite_output_dir", action="store_true")
     args = parser.parse_args(argv)
 
-    paths: list[str] = []
-    for pattern in args.train_file:
-        matched = sorted(glob.glob(pattern))
-        if not matched:
-            fail(f"--train_file {pattern!r} matched no files; fix the path (quote globs for the shell)")
-        paths.extend(matched)
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        fail(f"--output_dir {args.output_dir} is a file; pick a folder")
     if os.path.isdir(args.output_dir) and os.listdir(args.output_dir) and not args.overwrite_output_dir:
         fail(f"--output_dir {args.output_dir} is not empty; pass --overwrite_output_dir or pick a new dir")
+    if args.input_sentence_size < 1:
+        fail(f"--input_sentence_size must be at least 1, got {args.input_sentence_size}")
     try:
+        paths = text_files.expand_files(args.train_file)
         tokenizer = train_tokenizer(_read_texts(paths, args.text_column), args.output_dir, args.vocab_size,
                                     input_sentence_size=args.input_sentence_size, seed=args.seed)
-    except (KeyError, ValueError) as err:  # a size the corpus cannot give, a missing .jsonl field
+    except (UsageError, WriteError, ValueError) as err:  # a bad file, a full disk, a size the corpus cannot give
         fail(str(err.args[0]) if err.args else str(err))
+    except KeyboardInterrupt:
+        parser.exit(EXIT_INTERRUPTED, f"{parser.prog}: interrupted (Ctrl-C); nothing was written\n")
     print(f"Trained tokenizer with vocab size {len(tokenizer)} (incl. {NUM_SENTINELS} sentinels and the mode tokens "
           f"{', '.join(MODE_TOKENS)}), "
           f"saved to {args.output_dir}")
