@@ -11,6 +11,8 @@ import os
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from t5_training import adapter_export
+from huggingface_hub.errors import StrictDataclassError
+
 from t5_training.errors import UsageError
 
 
@@ -38,10 +40,24 @@ def mode_token_id(tokenizer, token: str | None) -> int | None:
     return vocab[token]
 
 
+def check_local_path(name: str, what: str) -> None:
+    """Refuses a name that can only be a local path (absolute, ./ ../ ~, several folders deep, or a .json
+    file) where nothing exists, before transformers tries the hub with it and reports a network or
+    repo-id error instead of the typo."""
+    if os.path.exists(os.path.expanduser(name)):
+        return
+    local = (name.startswith(("/", ".", "~")) or name.endswith(".json")
+             or len([part for part in name.split("/") if part]) > 2)
+    if local:
+        raise UsageError(f"{what} {name!r}: no such file or folder; check the path (a hub name has the form "
+                         "'name' or 'org/name')")
+
+
 def load_tokenizer(name: str | None, trust_remote_code: bool = False):
     if not name:
         raise UsageError("no tokenizer: pass --tokenizer_name (a folder from `python -m t5_training.tokenizer` "
                          "or a hub name) or --model_name_or_path")
+    check_local_path(name, "tokenizer")
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -73,6 +89,19 @@ def resolve_config_name(name: str) -> str:
     return name
 
 
+# A T5 shape's sizes and counts; each must be a positive whole number (vocab_size is the tokenizer's).
+SHAPE_FIELDS = ("d_model", "d_kv", "d_ff", "num_heads", "num_layers", "num_decoder_layers",
+                "relative_attention_num_buckets", "relative_attention_max_distance")
+
+
+def check_shape(config, source: str) -> None:
+    """Refuses a model shape with a size or count below 1, which would crash in weight init or build no layers."""
+    for name in SHAPE_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(f"--config_name {source}: {name} is {value!r}; it must be a whole number of at least 1")
+
+
 def load_model(model_name_or_path: str | None, config_name: str | None, tokenizer, *,
                trust_remote_code: bool = False, overrides: dict | None = None):
     """Pretrained weights from `model_name_or_path`, or a fresh model shaped by `config_name`.
@@ -82,6 +111,10 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
     `overrides` sets config attributes such as dropout_rate.
     """
     overrides = dict(overrides or {})
+    if model_name_or_path:
+        check_local_path(model_name_or_path, "--model_name_or_path")
+    elif config_name:
+        check_local_path(resolve_config_name(config_name), "--config_name")
     try:
         if model_name_or_path:
             model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code,
@@ -89,6 +122,7 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
         elif config_name:
             config = AutoConfig.from_pretrained(resolve_config_name(config_name), trust_remote_code=trust_remote_code,
                                                 **overrides)
+            check_shape(config, config_name)
             config.vocab_size = -(-len(tokenizer) // 8) * 8
             config.pad_token_id = tokenizer.pad_token_id
             config.eos_token_id = tokenizer.eos_token_id
@@ -96,11 +130,14 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
             model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=trust_remote_code)
         else:
             raise UsageError("no model: pass --model_name_or_path (pretrained) or --config_name (from scratch)")
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, StrictDataclassError) as err:
         if isinstance(err, UsageError):
             raise
         source = model_name_or_path or config_name
-        raise UsageError(f"could not load model {source!r}: {str(err).splitlines()[0]}") from None
+        # transformers 5 checks a config's field types: its message puts the field on one line, the type on the next.
+        lines = str(err).splitlines()[:1] if not isinstance(err, StrictDataclassError) else str(err).splitlines()
+        detail = " ".join(line.strip() for line in lines if line.strip())[:300]
+        raise UsageError(f"could not load model {source!r}: {detail}") from None
     embeddings = model.get_input_embeddings().num_embeddings
     if embeddings < len(tokenizer):
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model only {embeddings} embeddings; "

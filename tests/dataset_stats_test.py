@@ -202,7 +202,7 @@ class BadInputTest(TempDirTestCase):
          "unknown --dataset_name 'sst3'"),
         ("unknown_split", ["--data_dir", "{sst2}", "--splits", "dev", "--tokenizer_name", "{tok}"],
          "unknown --splits 'dev' for glue/sst2; its splits: train, validation"),
-        ("missing_tokenizer_folder", ["--tokenizer_name", "{dir}/no-such-tokenizer"], "could not load tokenizer"),
+        ("missing_tokenizer_folder", ["--tokenizer_name", "{dir}/no-such-tokenizer"], "no-such-tokenizer': no such file or folder"),
         ("corpus_and_task", ["--corpus_file", "x.txt", "--data_dir", "{sst2}"], "--corpus_file reads a pretraining"),
         ("png_folder_missing", ["--png", "{dir}/nowhere/a.png"], "create it first"),
         ("short_target", ["--max_target_length", "1"], "must be at least 2"),

@@ -1,6 +1,10 @@
 """Freezing components, the start-of-run model summary, and gradient checkpointing."""
+import json
 import os
+import re
+import shutil
 import tempfile
+from unittest import mock
 
 import torch
 from absl.testing import absltest, parameterized
@@ -31,6 +35,60 @@ def _batch():
     ids = torch.tensor([[3, 4, 5, 1], [6, 7, 1, 0]])
     labels = torch.tensor([[8, 9, 1], [10, 1, -100]])
     return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": labels}
+
+
+class LoadErrorsTest(parameterized.TestCase):
+    """A typo in a local path, or a shape no model can have, is one line before anything loads."""
+
+    @parameterized.named_parameters(
+        ("config_file", None, "configs/t5-tinyy.json", "--config_name 'configs/t5-tinyy.json': no such file or folder"),
+        ("absolute_folder", "/nonexistent/run/final", None,
+         "--model_name_or_path '/nonexistent/run/final': no such file or folder"),
+        ("three_folders_deep", "runs/pt/finall", None, "--model_name_or_path 'runs/pt/finall': no such file or folder"))
+    def test_a_missing_local_path_is_named_without_asking_the_hub(self, model, config, said):
+        with mock.patch("transformers.AutoConfig.from_pretrained") as hub, \
+                mock.patch("transformers.AutoModelForSeq2SeqLM.from_pretrained") as hub_model:
+            with self.assertRaisesRegex(UsageError, "^" + re.escape(said) + r"; check the path \(a hub name has the "
+                                                                          r"form 'name' or 'org/name'\)$"):
+                modeling.load_model(model, config, None)
+        hub.assert_not_called()
+        hub_model.assert_not_called()
+
+    def test_a_missing_tokenizer_folder_is_named(self):
+        with self.assertRaisesRegex(UsageError, "^tokenizer '/nonexistent/tok': no such file or folder"):
+            modeling.load_tokenizer("/nonexistent/tok")
+
+    @parameterized.named_parameters(
+        ("zero_width", {"d_model": 0}, "d_model is 0"),
+        ("no_heads", {"num_heads": 0}, "num_heads is 0"),
+        ("negative_layers", {"num_layers": -1}, "num_layers is -1"))
+    def test_a_shape_with_a_size_below_one_is_refused(self, values, said):
+        path = self._shape(values)
+        with self.assertRaisesWithLiteralMatch(UsageError, f"--config_name {path}: {said}; it must be a whole "
+                                                           "number of at least 1"):
+            modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+
+    def test_a_field_of_another_type_is_one_line(self):
+        # transformers 5 refuses it itself, with an error that is neither OSError nor ValueError.
+        path = self._shape({"d_ff": 1.5})
+        with self.assertRaisesRegex(UsageError, f"^could not load model {re.escape(repr(path))}: Validation error "
+                                                "for field 'd_ff': .*expected int, got float \\(value: 1.5\\)$"):
+            modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+
+    def _shape(self, values):
+        """configs/t5-tiny.json with `values` changed, in a file of its own."""
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
+        path = os.path.join(folder, "shape.json")
+        with open(fixtures.TINY_CONFIG, encoding="utf-8") as f:
+            shape = json.load(f)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({**shape, **values}, f)
+        return path
+
+    def test_the_shipped_shapes_pass(self):
+        for name in ("t5-tiny", "t5-small", "t5-v1_1-base"):
+            modeling.check_shape(T5Config.from_pretrained(modeling.resolve_config_name(name)), name)
 
 
 class FreezeTest(parameterized.TestCase):
