@@ -75,12 +75,14 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, resume_path, adapter):
     """Prepares, resumes, trains and exports; returns the trained model and the results files' contents."""
-    longest = data.make_longest_batch(multitask.combined_train(tasks), config, tokenizer, start_id)
+    rows = multitask.combined_train(tasks)
+    longest = data.make_longest_batch(rows, config, tokenizer, start_id)
     config = batch_size.find_batch_size(accelerator, config, model, longest)
     train_loader, eval_loaders = multitask.build_loaders(tasks, config, tokenizer, start_id,
                                                          accelerator.num_processes)
     sampler = train_loader.sampler  # before prepare wraps the loader: a mixture's rows are read back from it
-    drawn = mixture.task_record(list(tasks.entries), sampler) if tasks.mixed else {}
+    drawn = mixture.task_record(list(tasks.entries), sampler) if tasks.mixed else \
+        mixture.one_task_record(next(iter(tasks.entries)), len(rows))
 
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,

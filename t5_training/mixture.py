@@ -198,23 +198,31 @@ def task_record(names: Sequence[str], sampler: MixtureSampler) -> dict:
     return {"tasks": list(names), "train_rows": sampler.sizes, "rates": sampler.rates, "epoch_rows": sampler.epoch_rows}
 
 
+def one_task_record(name: str, train_rows: int) -> dict:
+    """What a run of one task draws from, as a checkpoint records it (TrainState.mixture)."""
+    return {"task": name, "train_rows": train_rows}
+
+
 def check_same_tasks(saved: dict, now: dict, path: str) -> None:
     """Refuses to resume from a checkpoint whose data position names other rows: one that drew from another
-    mixture, a mixture's resumed as one task, or one task's (which records no mixture) resumed into a mixture."""
-    if saved == now:
+    mixture or another task (or another number of its rows), a mixture's resumed as one task, or one
+    task's resumed into a mixture. A one-task checkpoint of an earlier version records nothing: it
+    resumes into one task as before."""
+    if saved == now or (not saved and "tasks" not in now):
         return
 
     def show(m):
+        if "tasks" not in m:
+            return f"{m['task']} ({m['train_rows']} training rows)" if m else "one task (it records no mixture)"
         return ", ".join(f"{t} {100 * r:.2f}% of {n}" for t, r, n in zip(m["tasks"], m["rates"], m["train_rows"]))
 
     fix = ("resume with its --dataset_name, mixing flags and --max_train_samples, or start a new run from its "
            "weights with --model_name_or_path")
-    if not now:
-        raise UsageError(f"checkpoint {path} was trained on a mixture ({show(saved)}) and this run trains one task; "
-                         + fix)
-    if not saved:
-        raise UsageError(f"checkpoint {path} was trained on one task (it records no mixture) and this run mixes "
-                         f"{show(now)}; " + fix)
+    if "tasks" not in now:
+        first = f"a mixture ({show(saved)})" if "tasks" in saved else show(saved)
+        raise UsageError(f"checkpoint {path} was trained on {first} and this run trains {show(now)}; " + fix)
+    if "tasks" not in saved:
+        raise UsageError(f"checkpoint {path} was trained on {show(saved)} and this run mixes {show(now)}; " + fix)
     raise UsageError(f"checkpoint {path} was trained on another mixture ({show(saved)}) than this run's "
                      f"({show(now)}); " + fix)
 

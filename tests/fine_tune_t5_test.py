@@ -7,6 +7,7 @@ majority class on the real dev set; the others run the script in a subprocess, e
 import csv
 import json
 import os
+import re
 import tempfile
 from unittest import mock
 
@@ -14,6 +15,7 @@ from absl.testing import absltest
 
 import fine_tune_t5
 from t5_training import data, run_dir
+from t5_training.errors import UsageError
 from tests import fixtures, made_data, processes
 
 SCRIPT = os.path.join(fixtures.REPO, "fine_tune_t5.py")
@@ -97,6 +99,24 @@ class ModeTokenTest(absltest.TestCase):
             self.assertTrue(all(row[0] == 3 for row in ids))  # [NLU]: id 3 in the tokenizer command's layout
             self.assertTrue(all(row.count(3) == 1 for row in ids))
         self.assertIn("zip", results["predict"])
+
+
+class ResumeAnotherTaskTest(absltest.TestCase):
+    def test_a_checkpoint_resumes_only_into_its_task_and_rows(self):
+        # Another task's rows would be read from the saved data position, and its metric compared with the saved best.
+        with tempfile.TemporaryDirectory() as out:
+            args = fixtures.fine_tune_args(out, "--max_steps", "2", "--save_steps", "2")
+            fine_tune_t5.main(args)
+            self.assertEqual(run_dir.read_state(out, 2)["mixture"], {"task": "sst2", "train_rows": 100})
+            more = [*args, "--max_steps", "3", "--resume_from_checkpoint", "auto"]
+            for other, said in (
+                    (["--dataset_name", "cola", "--data_dir", os.path.join(fixtures.glue_dir(), "CoLA")],
+                     "was trained on sst2 (100 training rows) and this run trains cola (100 training rows)"),
+                    (["--max_train_samples", "20"],
+                     "was trained on sst2 (100 training rows) and this run trains sst2 (20 training rows)")):
+                with self.assertRaisesRegex(UsageError, re.escape(said)):
+                    fine_tune_t5.main([*more, *other])
+            self.assertEqual(fine_tune_t5.main(more)["train"]["train_steps"], 3)
 
 
 class TrackerKeysTest(absltest.TestCase):

@@ -328,15 +328,25 @@ class ResumeCheckTest(parameterized.TestCase):
 
     MIXED = {"tasks": ["sst2", "cola"], "train_rows": [100, 50], "rates": [2 / 3, 1 / 3], "epoch_rows": 144}
 
+    ONE = {"task": "sst2", "train_rows": 100}
+
     def test_the_same_mixture_or_one_task_on_both_sides_resumes(self):
         mixture.check_same_tasks(dict(self.MIXED), dict(self.MIXED), "ckpt")
-        mixture.check_same_tasks({}, {}, "ckpt")
+        mixture.check_same_tasks(dict(self.ONE), mixture.one_task_record("sst2", 100), "ckpt")
+        # An earlier version recorded nothing for one task: its checkpoints resume into one task as before.
+        mixture.check_same_tasks({}, dict(self.ONE), "ckpt")
 
     @parameterized.named_parameters(
-        ("mixture_resumed_as_one_task", MIXED, {}, "was trained on a mixture (sst2 66.67% of 100, cola 33.33% of 50) "
-                                                   "and this run trains one task"),
-        ("one_task_resumed_into_a_mixture", {}, MIXED, "was trained on one task (it records no mixture) and this run "
-                                                       "mixes sst2 66.67% of 100"),
+        ("mixture_resumed_as_one_task", MIXED, ONE, "was trained on a mixture (sst2 66.67% of 100, cola 33.33% of 50) "
+                                                    "and this run trains sst2 (100 training rows)"),
+        ("one_task_resumed_into_a_mixture", ONE, MIXED, "was trained on sst2 (100 training rows) and this run "
+                                                        "mixes sst2 66.67% of 100"),
+        ("earlier_one_task_resumed_into_a_mixture", {}, MIXED, "was trained on one task (it records no mixture) and "
+                                                               "this run mixes sst2 66.67% of 100"),
+        ("another_task", ONE, {"task": "cola", "train_rows": 50}, "was trained on sst2 (100 training rows) and this "
+                                                                  "run trains cola (50 training rows)"),
+        ("fewer_rows", ONE, {"task": "sst2", "train_rows": 20}, "was trained on sst2 (100 training rows) and this "
+                                                                "run trains sst2 (20 training rows)"),
         ("another_mixture", {**MIXED, "rates": [0.5, 0.5]}, MIXED, "was trained on another mixture (sst2 50.00%"),
     )
     def test_a_different_data_position_is_one_line(self, saved, now, said):
