@@ -120,6 +120,8 @@ class TrainingConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps < -1:
+            raise UsageError(f"--max_steps must be positive (or -1: train --num_train_epochs), got {self.max_steps}")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
             raise UsageError("nothing to train: set --max_steps or --num_train_epochs to a positive number")
         if not 0.0 <= self.warmup_ratio < 1.0:
@@ -130,6 +132,15 @@ class TrainingConfig:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.resolved_learning_rate <= 0:
             raise UsageError(f"--learning_rate must be positive, got {self.resolved_learning_rate}")
+        # What torch's AdamW and set_seed would refuse with a traceback, or AdamWScale would take.
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UsageError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("adam_epsilon", "weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed must be in [0, 2**32), got {self.seed}")
         if self.early_stopping_patience and not self.eval_steps:
             raise UsageError(f"--early_stopping_patience {self.early_stopping_patience} counts evaluations without "
                              "improvement, and --eval_steps 0 evaluates once, at the end: set --eval_steps N to "

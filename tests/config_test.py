@@ -132,6 +132,15 @@ class ParseConfigTest(parameterized.TestCase):
         ("not_an_int", ["--seed", "abc"], r"--seed: invalid int value: 'abc'"),
         ("not_a_bool", ["--gradient_checkpointing", "maybe"], r"Truthy value expected"),
         ("negative_eval_steps", ["--eval_steps", "-5"], r"--eval_steps must be >= 0, got -5"),
+        ("negative_steps", ["--max_steps", "-3"], r"^--max_steps must be positive \(or -1: train --num_train_epochs\), "
+                                                  r"got -3$"),
+        ("beta1_above_one", ["--adam_beta1", "1.5"], r"^--adam_beta1 must be in \[0, 1\), got 1.5$"),
+        ("beta2_negative", ["--adam_beta2", "-0.1"], r"^--adam_beta2 must be in \[0, 1\), got -0.1$"),
+        ("negative_epsilon", ["--adam_epsilon", "-1"], r"^--adam_epsilon must be >= 0, got -1.0$"),
+        ("negative_weight_decay", ["--weight_decay", "-1"], r"^--weight_decay must be >= 0, got -1.0$"),
+        ("negative_clipping", ["--max_grad_norm", "-1"], r"^--max_grad_norm must be >= 0, got -1.0$"),
+        ("negative_seed", ["--seed", "-1"], r"^--seed must be in \[0, 2\*\*32\), got -1$"),
+        ("seed_too_large", ["--seed", str(2**32)], r"^--seed must be in \[0, 2\*\*32\), got 4294967296$"),
         ("nothing_to_train", ["--max_steps", "0", "--num_train_epochs", "0"],
          r"^nothing to train: set --max_steps or --num_train_epochs to a positive number$"),
         ("short_source", ["--max_source_length", "1"], r"--max_source_length and --max_target_length"),
@@ -173,6 +182,12 @@ class ParseConfigTest(parameterized.TestCase):
         # "Nothing to train" is max_steps <= 0 with epochs <= 0: one step or half an epoch is something.
         config = parse(*words)
         self.assertEqual((config.max_steps, config.num_train_epochs), (max_steps, epochs))
+
+    def test_the_bounds_of_the_optimizer_flags_and_the_seed_are_accepted(self):
+        config = parse("--adam_beta1", "0", "--adam_beta2", "0.999999", "--adam_epsilon", "0", "--weight_decay", "0",
+                       "--max_grad_norm", "0", "--seed", str(2**32 - 1), "--max_steps", "-1")
+        self.assertEqual((config.adam_beta1, config.seed, config.max_steps), (0.0, 2**32 - 1, -1))
+        self.assertEqual(parse("--seed", "0").seed, 0)
 
     def test_zero_learning_rate_is_refused(self):
         with self.assertRaisesRegex(UsageError, r"^--learning_rate must be positive, got 0.0$"):
