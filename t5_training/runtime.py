@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import math
+import netrc
 import os
 import sys
+import urllib.parse
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,31 @@ def resolve_mixed_precision(requested: str) -> str:
     return "bf16" if runs_on_cuda() and torch.cuda.is_bf16_supported() else "no"
 
 
+def check_wandb_login(report_to: str, environ=None, interactive: bool | None = None) -> None:
+    """Refuses --report_to wandb where W&B could only fail: online, no API key, no terminal to ask for one.
+
+    Checked before anything is written: wandb would raise from init_trackers, after the output
+    folder was made (and, with --overwrite_output_dir, an earlier run in it deleted). A key is in
+    WANDB_API_KEY, a token file (WANDB_IDENTITY_TOKEN_FILE) or the netrc entry `wandb login` writes.
+    """
+    environ = os.environ if environ is None else environ
+    if report_to not in ("wandb", "all") or environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    if sys.stdin.isatty() if interactive is None else interactive:
+        return  # wandb asks for the key
+    host = urllib.parse.urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        if netrc.netrc(environ.get("NETRC")).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise UsageError(f"--report_to {report_to} needs a W&B API key, and none is set for {host}: run `wandb login` "
+                     "(or set WANDB_API_KEY), set WANDB_MODE=offline to log locally and `wandb sync` later, or pass "
+                     "--report_to tensorboard")
+
+
 def build_accelerator(config: TrainingConfig, *, shapes: int | None = None) -> Accelerator:
     """An Accelerator for the device this process trains on: gloo and `cpu=True` off a GPU.
 
@@ -44,6 +71,7 @@ def build_accelerator(config: TrainingConfig, *, shapes: int | None = None) -> A
     scripts set on CPU nodes) says so (device.runs_on_cuda). Under `accelerate launch` with a
     DeepSpeed config, DeepSpeed then runs on the CPU itself (device.settle_cpu_run).
     """
+    check_wandb_login(config.report_to)
     on_cpu = not runs_on_cuda()
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     if on_cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":

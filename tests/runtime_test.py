@@ -1,5 +1,6 @@
 """Tests for t5_training.runtime: the machine's setup, preparing a run, and its length."""
 import os
+import tempfile
 from unittest import mock
 
 import torch
@@ -188,6 +189,44 @@ class PrepareTest(absltest.TestCase):
         self.assertIsNot(run.train_loader, train)  # sharded by accelerate
         unsharded = runtime.prepare(accelerator, config, model, train, evals, shard_train_loader=False)
         self.assertIs(unsharded.train_loader, train)
+
+
+class WandbLoginTest(parameterized.TestCase):
+    """--report_to wandb is refused up front only where W&B could not start: online, no key, no terminal."""
+
+    def setUp(self):
+        super().setUp()
+        folder = tempfile.TemporaryDirectory()  # create_tempdir needs absl flags, which pytest does not parse
+        self.addCleanup(folder.cleanup)
+        self.netrc = os.path.join(folder.name, "netrc")
+
+    def _check(self, report_to="wandb", interactive=False, **environ):
+        runtime.check_wandb_login(report_to, {"NETRC": self.netrc, **environ}, interactive)
+
+    def test_no_key_anywhere_is_one_line(self):
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, "--report_to all needs a W&B API key, and none is set for api.wandb.ai: run `wandb login` "
+                            "(or set WANDB_API_KEY), set WANDB_MODE=offline to log locally and `wandb sync` later, or "
+                            "pass --report_to tensorboard"):
+            self._check("all")
+
+    @parameterized.named_parameters(
+        ("not_asked_for", dict(report_to="tensorboard")),
+        ("offline", dict(WANDB_MODE="offline")),
+        ("disabled", dict(WANDB_MODE="Disabled")),
+        ("a_key", dict(WANDB_API_KEY="k" * 40)),
+        ("a_token_file", dict(WANDB_IDENTITY_TOKEN_FILE="/run/token")),
+        ("a_terminal_to_ask_on", dict(interactive=True)))
+    def test_passes(self, arguments):
+        self._check(**arguments)
+
+    def test_the_netrc_entry_of_the_host_passes(self):
+        with open(self.netrc, "w", encoding="utf-8") as f:
+            f.write("machine wandb.example.com\n  login user\n  password " + "k" * 40 + "\n")
+        os.chmod(self.netrc, 0o600)
+        self._check(WANDB_BASE_URL="https://wandb.example.com")
+        with self.assertRaisesRegex(UsageError, "none is set for api.wandb.ai"):
+            self._check()
 
 
 if __name__ == "__main__":
