@@ -31,6 +31,8 @@ class PreemptionHandlerTest(parameterized.TestCase):
 
 
     def test_ctrl_c_saves_and_a_second_one_stops_at_once(self):
+        # As a terminal leaves SIGINT, whatever the test runner set (pytest-xdist's workers ignore it).
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
         before = signal.getsignal(signal.SIGINT)
         said = []
         with interrupts.PreemptionHandler(said.append) as handler:
