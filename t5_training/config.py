@@ -126,8 +126,10 @@ class TrainingConfig:
             raise UsageError("nothing to train: set --max_steps or --num_train_epochs to a positive number")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        # Counts, and what torch's AdamW would refuse with a traceback (epsilon) or clipping would ignore.
         for name in ("logging_steps", "eval_steps", "save_steps", "save_total_limit", "warmup_steps",
-                     "early_stopping_patience", "dataloader_num_workers", "max_nonfinite_steps"):
+                     "early_stopping_patience", "dataloader_num_workers", "max_nonfinite_steps",
+                     "adam_epsilon", "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.resolved_learning_rate <= 0:
@@ -136,9 +138,6 @@ class TrainingConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UsageError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("adam_epsilon", "weight_decay", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise UsageError(f"--seed must be in [0, 2**32), got {self.seed}")
         if self.early_stopping_patience and not self.eval_steps:

@@ -94,21 +94,21 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # A write outside the checkpoint code (a results file, a plot) hit a full disk.
-        if os.environ.get("RANK", "0") == "0":
+        if _main_process():
             print(f"error: no space left on device writing {err.filename or 'a file'}; free space and rerun with "
                   "--resume_from_checkpoint auto (checkpoints saved before are intact)", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
         # Ctrl-C outside the training loop, or a second one inside it: no traceback, and nothing
         # half-written counts (checkpoints and exports are renamed into place once complete).
-        if os.environ.get("RANK", "0") == "0":
+        if _main_process():
             print("interrupted: stopped at once (Ctrl-C), without saving; what was written before is intact, and "
                   "a training run continues from its newest checkpoint with --resume_from_checkpoint auto",
                   file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except CliError as err:
         # Under `accelerate launch` every process hits the same error: print it once.
-        main_process = os.environ.get("RANK", "0") == "0"
+        main_process = _main_process()
         if main_process:
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
         if err.raised_by_every_process:
@@ -121,6 +121,11 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
         teardown.release_process_group()
         _skip_the_last_collection()
     return 0
+
+
+def _main_process() -> bool:
+    """Whether this process prints the run's one line: under `accelerate launch` every process meets the error."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _skip_the_last_collection() -> None:

@@ -38,15 +38,18 @@ def build_collator(config, tokenizer):
         raise UsageError(str(err)) from None
 
 
+# The flags that shape each objective's chunks and masks, as its checkpoints record them (after "objective").
+RECORDED_FLAGS = {"span_corruption": ("max_seq_length", "noise_density", "mean_noise_span_length"),
+                  "prefix_lm": ("max_seq_length",)}
+
+
 def drawn_from(config, collator) -> dict:
     """What the run's batches are drawn from, as its checkpoints record it (TrainState.mixture): UL2's
     mixture of denoisers (denoisers.denoiser_record), or the objective and the flags that shape its chunks."""
     if config.resolved_objective == "ul2":
         return denoisers.denoiser_record(collator.denoisers, collator.rates, collator.input_length)
-    record = {"objective": config.resolved_objective, "max_seq_length": config.max_seq_length}
-    if config.resolved_objective == "span_corruption":
-        record.update(noise_density=config.noise_density, mean_noise_span_length=config.mean_noise_span_length)
-    return record
+    objective = config.resolved_objective
+    return {"objective": objective, **{name: getattr(config, name) for name in RECORDED_FLAGS[objective]}}
 
 
 def check_same_objective(saved: dict, now: dict, path: str) -> None:
@@ -62,11 +65,11 @@ def check_same_objective(saved: dict, now: dict, path: str) -> None:
     elif ul2_saved:
         denoisers.check_same_denoisers(saved, {}, path)  # its message for a UL2 checkpoint and another objective
 
-    def flags(record):  # in the order drawn_from writes them: a checkpoint's JSON comes back with sorted keys
+    def flags(record):  # in RECORDED_FLAGS' order: a checkpoint's JSON comes back with its keys sorted
         if "denoisers" in record:
             return "--objective ul2"
-        order = ("objective", "max_seq_length", "noise_density", "mean_noise_span_length")
-        return " ".join(f"--{name} {record[name]}" for name in order if name in record)
+        names = ("objective", *RECORDED_FLAGS[record["objective"]])
+        return " ".join(f"--{name} {record[name]}" for name in names)
 
     raise UsageError(f"checkpoint {path} was pretrained with {flags(saved)}, and this run asks for {flags(now)}; "
                      "resume with the checkpoint's flags, or start a new run from its weights with "
