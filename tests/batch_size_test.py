@@ -19,7 +19,7 @@ def _tiny_model():
     from transformers import T5Config, T5ForConditionalGeneration
     torch.manual_seed(0)
     # Narrower than t5-tiny: a too-large batch is refused at T5's first length x length tensor,
-    # after the embeddings, whose batch x 2**17 x d_model floats cost memory traffic, not coverage.
+    # after the embeddings, whose batch x 2**19 x d_model floats cost memory traffic, not coverage.
     return T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2,
                                                decoder_start_token_id=0))
 
@@ -32,12 +32,13 @@ def _rows(n, source, target):
 
 
 class FindBatchSizeTest(absltest.TestCase):
-    # Beyond `fits` rows the batch is 2**17 tokens long: its first length x length tensor (the
-    # relative positions, 128 GiB) is one allocation larger than any machine here, so the CPU
-    # allocator refuses it at once (no mock), as it refuses a too-large batch.
+    # Beyond `fits` rows the batch is 2**19 tokens long: its first length x length tensor (the
+    # relative positions, 2 TiB) is one allocation larger than any machine's memory and swap, so
+    # the CPU allocator refuses it at once (no mock), as it refuses a too-large batch. At 2**17
+    # (128 GiB) a lent GPU machine with 128 GiB granted it, and its test process died filling it.
 
     def _make_batch(self, fits):
-        return lambda n: _rows(n, 16, 4) if n <= fits else _rows(n, 2 ** 17, 4)
+        return lambda n: _rows(n, 16, 4) if n <= fits else _rows(n, 2 ** 19, 4)
 
     def test_steps_down_through_divisors_keeping_the_global_batch(self):
         from accelerate import Accelerator

@@ -17,6 +17,10 @@ if os.environ.get("T5_TRAINING_TEST_DEVICE") != "cuda":
     # Read when CUDA first starts, not when torch is imported; nothing has started it before the
     # conftest (tests/__init__.py, imported first, does not import torch).
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+else:
+    # cuBLAS reads it when it starts: tests that compare GPU runs bitwise turn on torch's
+    # deterministic algorithms (fixtures.deterministic_kernels), which need a fixed workspace.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 

@@ -44,6 +44,9 @@ class ScoreEqualsGreedyTest(parameterized.TestCase):
             cls.trained, "--max_train_samples", "3000", "--max_steps", "40", "--per_device_train_batch_size", "32",
             "--dropout_rate", "0", "--max_eval_samples", "32", "--group_by_length", "--eval_decoding", "score",
         ))
+        # The run's accelerate state (a GPU's, in the CUDA subset) would refuse the tests'
+        # Accelerator(cpu=True); conftest resets it only after each test, and this ran before the first.
+        fixtures.reset_accelerate_state()
         cls.entry = get_entry("glue", "sst2")
 
     @classmethod

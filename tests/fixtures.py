@@ -320,6 +320,30 @@ COARSE_RELATIVE = 2e-3
 COARSE_GRADIENT = 2e-2
 
 
+@contextlib.contextmanager
+def deterministic_kernels():
+    """torch's deterministic algorithms while the runs inside train on a GPU (the CUDA subset).
+
+    There some kernels sum in the order their threads finish, so two runs of one computation may
+    differ in the last bits (on a lent H200, 2026-11-27, resumed and uninterrupted runs logged the
+    same losses and ended with a relative attention bias apart). A test that compares runs bitwise
+    compares the code's order of work this way, not the GPU's scheduling. cuBLAS needs
+    CUBLAS_WORKSPACE_CONFIG from its start for this, which conftest sets in the CUDA subset.
+    """
+    import torch
+    from t5_training import device
+
+    if not device.runs_on_cuda():
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 def same_computation(fp32: float) -> float:
     """The relative bound between two runs of one computation in another order: the test's own fp32
     bound, or COARSE_RELATIVE where the runs' matmuls round coarser (coarse_matmuls)."""

@@ -22,7 +22,10 @@ from tests import fixtures
 
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
-CPU_ENV = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+# The GPUs hidden too: on a GPU host accelerate's wait_for_everyone names cuda:<local rank> as the
+# gloo barrier's device even in a CPU run, and on a host with one GPU every pair failed at that
+# barrier (seen on a lent H200, 2026-11-27).
+CPU_ENV = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def timeout_s() -> float:
@@ -81,8 +84,16 @@ def run_two(script: str, args: list[str]) -> subprocess.CompletedProcess:
     done = launch_two(script, args)
     if done.returncode != 0:
         raise AssertionError(f"two processes of {os.path.basename(script)} exited {done.returncode}:\n"
-                             f"{done.stderr[-3000:]}")
+                             f"{_ends(done.stderr)}")
     return done
+
+
+def _ends(output: str, head: int = 1500, tail: int = 3000) -> str:
+    """The start and the end of a failed pair's output: the first process to fail prints its cause
+    first, and the other's traceback (a peer that closed the connection) would push it out of the end."""
+    if len(output) <= head + tail:
+        return output
+    return f"{output[:head]}\n[... {len(output) - head - tail} characters ...]\n{output[-tail:]}"
 
 
 @contextlib.contextmanager
