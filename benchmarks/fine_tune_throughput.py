@@ -64,6 +64,8 @@ SIDES = ("ours group_by_length", "hf group_by_length", "ours", "hf dynamic paddi
 UNCOMPILED = SIDES[:5]
 # ours (group_by_length) over each side; the first is the headline: HF's best configuration.
 GOALS = {"hf group_by_length": 1.0, "hf compiled": 1.0, "hf dynamic padding": 1.5, "hf pad to max length": 2.0}
+# On a GPU, where users train: 1.5x HF's best, uncompiled and compiled (docs/performance.md).
+CUDA_GOALS = {**GOALS, "hf group_by_length": 1.5, "hf compiled": 1.5}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -210,7 +212,8 @@ def main(argv=None) -> dict:
     token_ratios = {f"{a} / {b}": round(median_of(runs, a, "tokens_per_second")
                                         / median_of(runs, b, "tokens_per_second"), 3) for a, b in pairs}
     goals = {f"ours group_by_length / {side} >= {goal}": ratios[f"ours group_by_length / {side}"] >= goal
-             for side, goal in GOALS.items() if f"ours group_by_length / {side}" in ratios}
+             for side, goal in (CUDA_GOALS if args.device == "cuda" else GOALS).items()
+             if f"ours group_by_length / {side}" in ratios}
     results = {
         "settings": {**{k: v for k, v in vars(args).items() if k != "child"}, "sst2_dir": SST2_DIR,
                      "optimizer": "AdamW, constant lr, no warmup, weight decay 0, clip 1.0, "

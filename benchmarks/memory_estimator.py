@@ -22,7 +22,11 @@ would stay at its high-water mark and mix freed memory into the peak. The measur
 with MALLOC_MMAP_THRESHOLD_=65536 (a fixed threshold: every tensor over 64 KiB is its own mmap,
 returned on free), MALLOC_ARENA_MAX=2 and MKL_DISABLE_FAST_MM=1 (MKL's buffer cache off), so RSS
 follows live tensors. With CUDA (`--device cuda`), it measures torch.cuda.max_memory_allocated()
-over the same steps instead, from memory_allocated() before the model exists.
+over the same steps instead, from memory_allocated() before the model exists, all configurations
+in the one process; it also keeps the peak of the bytes the tensors requested (before the caching
+allocator rounds blocks up). On either device the JSON has what autograd saved for backward in
+one more step, storage by storage ("saved"; the "saved MiB" column): where measured and predicted
+part, it names the tensors a device keeps that the estimate does not model.
 
 Run from the repository root (about 12 minutes on 2 CPU cores, Linux; `--quick`: one tiny configuration,
 a few seconds, which checks that the script works, not its figures):
@@ -33,6 +37,7 @@ a few seconds, which checks that the script works, not its figures):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -125,8 +130,38 @@ def _batch(job: dict, vocab: int, device: str) -> dict:
     return {name: value.to(device) for name, value in values.items()}
 
 
-def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: None) -> None:
-    """Builds the model and optimizer and runs `steps` training steps, as the training loop does."""
+class SavedTensors:
+    """What autograd saves for backward in a step, storage by storage (parameters left out):
+    the measured side of the estimate's activations, for finding which tensors a device keeps that
+    the estimate does not model. Records shapes and sizes only; it holds no tensor."""
+
+    def __init__(self, model):
+        # By storage: a linear layer saves its weight as a transposed view, which is no leaf.
+        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.storages: dict[int, tuple[int, tuple, str]] = {}
+        self.steps: list[dict] = []
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        if tensor.dim() and storage.data_ptr() not in self.parameters:  # scalars aside, as the tracer
+            self.storages.setdefault(storage.data_ptr(), (storage.nbytes(), tuple(tensor.shape), str(tensor.dtype)))
+        return tensor
+
+    def end_step(self) -> None:
+        """Closes a step's record: its total and its largest storages, by shape and dtype."""
+        by_kind: dict[str, list[int]] = {}
+        for nbytes, shape, dtype in self.storages.values():
+            by_kind.setdefault(f"{list(shape)} {dtype}", []).append(nbytes)
+        largest = sorted(by_kind.items(), key=lambda item: -sum(item[1]))[:12]
+        self.steps.append({"bytes": sum(n for n, _, _ in self.storages.values()), "storages": len(self.storages),
+                           "largest": [{"tensor": kind, "count": len(sizes), "bytes": sum(sizes)}
+                                       for kind, sizes in largest]})
+        self.storages = {}
+
+
+def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: None, census: bool = False) -> dict:
+    """Builds the model and optimizer and runs `steps` training steps, as the training loop does;
+    with `census`, one more step records what autograd saves (SavedTensors), which it returns."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
@@ -146,17 +181,27 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     optimizer = optim.build_optimizer(model, TrainingConfig(output_dir="unused", max_steps=1, optim=job["optim"]))
     precision = job.get("precision", "fp32")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    for _ in range(steps):
-        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):  # what accelerate wraps
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
-        loss = losses.token_cross_entropy_sum(logits, batch["labels"])
+    # The census's step comes after the measured ones: its hooks could change when backward frees
+    # what it saved, so no measured step runs under them.
+    saved = SavedTensors(model)
+    hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
+    for number in range(steps + census):
+        recording = number == steps
+        with hooks if recording else contextlib.nullcontext():
+            with torch.autocast(device, dtype=dtype, enabled=dtype is not None):  # what accelerate wraps
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               decoder_input_ids=batch["decoder_input_ids"]).logits
+            loss = losses.token_cross_entropy_sum(logits, batch["labels"])
         del logits
+        if recording:
+            saved.end_step()
         (loss / batch["labels"].numel()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        after_step()
+        if not recording:
+            after_step()
+    return saved.steps[-1] if census else {}
 
 
 def _adapter_config(job: dict):
@@ -190,24 +235,27 @@ def measure(job: dict) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         baseline = torch.cuda.memory_allocated()
+        baseline_requested = torch.cuda.memory_stats().get("requested_bytes.all.current", 0)
     else:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         _lock_resident_pages()
         baseline = _reset_peak_rss()
     file_pages = rss_kib("RssFile") if device == "cpu" else 0
-    peaks = []
+    peaks, requested = [], []
 
     def after_step():  # each step's own peak: the first has no optimizer state during backward
         if device == "cuda":
             torch.cuda.synchronize()
             peaks.append(torch.cuda.max_memory_allocated() - baseline)
+            # What the tensors asked for, before the caching allocator rounds each block up.
+            requested.append(torch.cuda.memory_stats().get("requested_bytes.all.peak", 0) - baseline_requested)
             torch.cuda.reset_peak_memory_stats()
         else:
             peaks.append(rss_kib("VmHWM") * 1024 - baseline)
             _reset_peak_rss()
 
     start = time.perf_counter()
-    _train(model_config, job, job["steps"], device, after_step)
+    saved = _train(model_config, job, job["steps"], device, after_step, census=True)
     seconds = time.perf_counter() - start
     result = memory.estimate(model_config, batch_size=job["batch"], source_length=job["source"],
                              target_length=job["target"], precision=job.get("precision", "fp32"),
@@ -215,7 +263,8 @@ def measure(job: dict) -> dict:
                              frozen=job.get("frozen", ()), device=device, padding=job.get("padding", True),
                              adapter=adapter_memory.describe(model_config, _adapter_config(job))
                              if adapters.in_use(_adapter_config(job)) else None)
-    return {"measured": max(peaks), "step_peaks": peaks, "seconds": seconds, "estimate": result.to_dict(),
+    return {"measured": max(peaks), "step_peaks": peaks, "requested_peaks": requested, "saved": saved,
+            "seconds": seconds, "estimate": result.to_dict(),
             # Library pages read in (or dropped) during the run would count in RSS: should stay near 0.
             "file_pages_change": (rss_kib("RssFile") - file_pages) * 1024 if device == "cpu" else 0}
 
@@ -252,15 +301,21 @@ def main(argv=None) -> list[dict]:
             continue
         job = {"config": config, "batch": batch, "source": source, "target": target, "optim": optim,
                "steps": args.steps, "device": args.device, **options}
-        result = run_child(__file__, {**job, "name": f"configuration-{len(rows) + 1}"}, env=CHILD_ENV)
+        # On a GPU in this process, one configuration after another: max_memory_allocated counts
+        # live tensors exactly, so none inherits another's, and a process each would spend most of
+        # the GPU check's minutes starting Python and CUDA. On the CPU, RSS needs a fresh process.
+        result = (measure(job) if args.device == "cuda" else
+                  run_child(__file__, {**job, "name": f"configuration-{len(rows) + 1}"}, env=CHILD_ENV))
         predicted, measured = result["estimate"]["total"], result["measured"]
         rows.append({"config": os.path.basename(config).removesuffix(".json"), "batch": batch,
                      "lengths": f"{source}->{target}", "optim": optim, "options": _options(options),
                      "predicted MiB": round(predicted / MIB, 1), "measured MiB": round(measured / MIB, 1),
                      "error %": round(100 * (predicted - measured) / measured, 1),
                      "peak at": result["estimate"]["peak_at"], "seconds": round(result["seconds"], 1),
+                     "saved MiB": round(result["saved"]["bytes"] / MIB, 1),
                      "job": job, "estimate": result["estimate"], "measured_bytes": measured,
-                     "step_peaks": result["step_peaks"], "file_pages_change": result["file_pages_change"]})
+                     "step_peaks": result["step_peaks"], "requested_peaks": result["requested_peaks"],
+                     "saved": result["saved"], "file_pages_change": result["file_pages_change"]})
         print(f"  done: {format_table([_shown(rows[-1])]).splitlines()[-1]}", flush=True)
     print()
     print(format_table([_shown(row) for row in rows]))
