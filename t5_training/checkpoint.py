@@ -73,10 +73,26 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str |
     if not os.path.isdir(resume_from_checkpoint):
         raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint!r} does not exist; "
                          "pass a step-NNNNNN folder or 'auto'")
+    check_is_a_checkpoint(resume_from_checkpoint)
     if not is_complete(resume_from_checkpoint):
         raise UsageError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete or damaged (its {MANIFEST} "
                          "is missing or lists files that are missing or truncated); pass an earlier checkpoint or 'auto'")
     return resume_from_checkpoint
+
+
+def check_is_a_checkpoint(path: str) -> None:
+    """Refuses a model export or a run's output folder as --resume_from_checkpoint by name: neither
+    has a checkpoint's files, and calling them damaged would send the user looking for a fault."""
+    if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, STATE_FILE)):
+        return
+    if os.path.exists(os.path.join(path, "config.json")):
+        raise UsageError(f"--resume_from_checkpoint {path} is a model export, not a checkpoint (no optimizer "
+                         "state or data position): to train from its weights pass it as --model_name_or_path; "
+                         "to continue its run pass one of the run's step-NNNNNN folders, or 'auto'")
+    found = list_checkpoints(path)
+    if found:
+        raise UsageError(f"--resume_from_checkpoint {path} is a run's output folder: pass 'auto' with "
+                         f"--output_dir {path}, or one of its checkpoints, e.g. {found[-1]}")
 
 
 def save_checkpoint(accelerator, output_dir: str, state, scheduler=None, *, trainable_only: bool = False) -> str:

@@ -10,7 +10,7 @@ import os
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from t5_training import adapter_export
+from t5_training import adapter_export, checkpoint
 from huggingface_hub.errors import StrictDataclassError
 
 from t5_training.errors import UsageError
@@ -45,12 +45,28 @@ def check_local_path(name: str, what: str) -> None:
     file) where nothing exists, before transformers tries the hub with it and reports a network or
     repo-id error instead of the typo."""
     if os.path.exists(os.path.expanduser(name)):
+        check_not_a_run_folder(os.path.expanduser(name), what)
         return
     local = (name.startswith(("/", ".", "~")) or name.endswith(".json")
              or len([part for part in name.split("/") if part]) > 2)
     if local:
         raise UsageError(f"{what} {name!r}: no such file or folder; check the path (a hub name has the form "
                          "'name' or 'org/name')")
+
+
+def check_not_a_run_folder(path: str, what: str) -> None:
+    """Refuses a training checkpoint or a run's output folder where a model is asked for: neither
+    holds a config.json, and transformers would answer that the model is unrecognised."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")):
+        return
+    if any(os.path.exists(os.path.join(path, name)) for name in (checkpoint.MANIFEST, checkpoint.STATE_FILE)):
+        raise UsageError(f"{what} {path!r} is a training checkpoint, not a model: continue its run with "
+                         "--resume_from_checkpoint and that run's --output_dir, or start from the run's "
+                         "final/ or best/ folder")
+    exports = [sub for sub in ("final", "best") if os.path.exists(os.path.join(path, sub, "config.json"))]
+    if exports:
+        raise UsageError(f"{what} {path!r} is a run's output folder, not a model: pass its "
+                         f"{' or '.join(sub + '/' for sub in exports)} folder, e.g. {os.path.join(path, exports[0])}")
 
 
 def load_tokenizer(name: str | None, trust_remote_code: bool = False):

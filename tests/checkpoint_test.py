@@ -120,6 +120,19 @@ class ResolveResumeTest(_TmpDirTest):
         with self.assertRaisesRegex(UsageError, "incomplete"):
             checkpoint.resolve_resume(path, self.out)
 
+    def test_an_export_or_a_run_folder_is_named_for_what_it_is(self):
+        os.makedirs(os.path.join(self.out, "final"))
+        with open(os.path.join(self.out, "final", "config.json"), "w", encoding="utf-8") as f:
+            f.write("{}")
+        newest = _make_step_dir(self.out, "step-000004")
+        _make_step_dir(self.out, "step-000002")
+        with self.assertRaisesRegex(UsageError, "final is a model export, not a checkpoint .*--model_name_or_path"):
+            checkpoint.resolve_resume(os.path.join(self.out, "final"), self.out)
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, f"--resume_from_checkpoint {self.out} is a run's output folder: pass 'auto' with "
+                            f"--output_dir {self.out}, or one of its checkpoints, e.g. {newest}"):
+            checkpoint.resolve_resume(self.out, self.out)
+
     def test_missing_path(self):
         path = os.path.join(self.root, "nowhere", "step-000004")
         with self.assertRaisesRegex(UsageError, "does not exist"):

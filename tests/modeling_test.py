@@ -54,6 +54,26 @@ class LoadErrorsTest(parameterized.TestCase):
         hub.assert_not_called()
         hub_model.assert_not_called()
 
+    def test_a_checkpoint_or_a_run_folder_is_named_for_what_it_is(self):
+        # Neither has a config.json, so transformers would answer "Unrecognized model".
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        with tempfile.TemporaryDirectory() as out:
+            fine_tune_t5.main(fixtures.fine_tune_args(out, "--max_steps", "2", "--save_steps", "2"))
+            step = os.path.join(out, "step-000002")
+            with self.assertRaisesWithLiteralMatch(
+                    UsageError, f"--model_name_or_path {step!r} is a training checkpoint, not a model: continue its "
+                                "run with --resume_from_checkpoint and that run's --output_dir, or start from the "
+                                "run's final/ or best/ folder"):
+                modeling.load_model(step, None, tokenizer)
+            with self.assertRaisesWithLiteralMatch(
+                    UsageError, f"--model_name_or_path {out!r} is a run's output folder, not a model: pass its final/ "
+                                f"or best/ folder, e.g. {os.path.join(out, 'final')}"):
+                modeling.load_model(out, None, tokenizer)
+            with self.assertRaisesRegex(UsageError, "^tokenizer .* is a training checkpoint"):
+                modeling.load_tokenizer(step)
+            self.assertIsInstance(modeling.load_model(os.path.join(out, "final"), None, tokenizer),
+                                  T5ForConditionalGeneration)
+
     def test_a_missing_tokenizer_folder_is_named(self):
         with self.assertRaisesRegex(UsageError, "^tokenizer '/nonexistent/tok': no such file or folder"):
             modeling.load_tokenizer("/nonexistent/tok")
