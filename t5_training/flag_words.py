@@ -40,17 +40,23 @@ def join_repeated_lists(words: list[str], lists: dict[str, str]) -> list[str]:
     return out
 
 
-def expand_config_file(words: list[str]) -> list[str]:
-    """Replaces `--config FILE` by the flags the file holds, placed first so later flags win."""
-    for i, word in enumerate(words):
-        if word == "--config" or word.startswith("--config="):
-            path = word.split("=", 1)[1] if "=" in word else (words[i + 1] if i + 1 < len(words) else "")
-            rest = words[:i] + words[i + (1 if "=" in word else 2):]
-            return file_to_words(path) + rest
-    return words
+def split_config_file(words: list[str]) -> tuple[str | None, list[str], list[str]]:
+    """(the `--config FILE` path, the flags the file holds as words, every other word); the
+    caller puts the file's words first, so that the command line's flags win."""
+    places = [i for i, word in enumerate(words) if word == "--config" or word.startswith("--config=")]
+    if not places:
+        return None, [], words
+    paths = [words[i].split("=", 1)[1] if "=" in words[i] else (words[i + 1] if i + 1 < len(words) else "")
+             for i in places]
+    if len(places) > 1:
+        raise UsageError(f"--config given {len(places)} times ({', '.join(map(repr, paths))}); pass one file, "
+                         "and give other flags on the command line, which win over the file's")
+    i, word = places[0], words[places[0]]
+    return paths[0], file_to_words(paths[0]), words[:i] + words[i + (1 if "=" in word else 2):]
 
 
 def file_to_words(path: str) -> list[str]:
+    """A --config file's flag: value pairs as command-line words (a list: one flag, several words)."""
     if not path or not os.path.isfile(path):
         raise UsageError(f"--config file {path!r} not found; pass a YAML or JSON file of flag: value pairs")
     with open(path, encoding="utf-8") as f:
@@ -61,6 +67,8 @@ def file_to_words(path: str) -> list[str]:
                              f"{str(err).splitlines()[0]}") from None
     if not isinstance(values, dict):
         raise UsageError(f"--config file {path} must hold a mapping of flag: value pairs")
+    if "config" in values:
+        raise UsageError(f"--config file {path} names another with config:; merge the two into one file")
     words = []
     for key, value in values.items():
         if value is None:

@@ -85,8 +85,42 @@ class ConfigFileTest(fixtures.TempDirTestCase):
         ("json", "bad.json", '{"seed": 3, "learning_rte": 0.0001}'),
     )
     def test_misspelt_key_in_file(self, name, text):
-        with self.assertRaisesRegex(UsageError, r"^unknown flag --learning_rte; did you mean --learning_rate\?$"):
-            parse("--config", self._write(name, text))
+        path = self._write(name, text)
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, f"unknown flag --learning_rte in --config file {path}; did you mean --learning_rate?"):
+            parse("--config", path)
+
+    def test_a_misspelt_flag_beside_the_file_is_not_blamed_on_it(self):
+        with self.assertRaisesWithLiteralMatch(UsageError, "unknown flag --sed; did you mean --seed?"):
+            parse("--config", self._yaml(), "--sed", "3")
+
+    def test_two_files_are_refused_by_name(self):
+        a, b = self._yaml(), self._json()
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, f"--config given 2 times ({a!r}, {b!r}); pass one file, and give other flags on the "
+                            "command line, which win over the file's"):
+            parse("--config", a, "--config=" + b)
+
+    def test_a_file_naming_another_is_refused(self):
+        path = self._write("outer.yaml", f"config: {self._yaml()}\nseed: 3\n")
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, f"--config file {path} names another with config:; merge the two into one file"):
+            parse("--config", path)
+
+    def test_a_list_for_a_flag_of_one_value_names_the_flag_and_the_file(self):
+        path = self._write("run.yaml", "seed: [1, 2]\n")
+        with self.assertRaisesWithLiteralMatch(UsageError,
+                                               f"--config file {path}: seed is a list, but --seed takes one value"):
+            parse("--config", path)
+
+    def test_help_lists_the_flag(self):
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), self.assertRaises(SystemExit):
+            parse("--help")
+        self.assertRegex(out.getvalue(), r"--config FILE\s+A YAML or JSON file of flag: value pairs, read first")
 
     @parameterized.named_parameters(
         ("missing", None, r"--config file '.*nope.yaml' not found"),
