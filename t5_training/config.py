@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -188,9 +187,9 @@ def parse_config(cls: type[C], argv: Sequence[str] | None) -> C:
     lists = {name: action.dest for action in parser._actions if action.nargs in ("+", "*") for name in action.option_strings}
     path, file_words, words = flag_words.split_config_file(flag_words.join_repeated_lists(list(argv or []), lists))
     known = sorted(name for action in parser._actions for name in action.option_strings if name != "--config")
-    _refuse_unknown(words, known, "")
-    _refuse_unknown(file_words, known, f" in --config file {path}")
-    _refuse_file_lists(file_words, lists, path)
+    flag_words.refuse_unknown(words, known, "")
+    flag_words.refuse_unknown(file_words, known, f" in --config file {path}")
+    flag_words.refuse_file_lists(file_words, lists, path)
     words = file_words + words
     config, remaining = parser.parse_args_into_dataclasses(
         args=words, return_remaining_strings=True, look_for_args_file=False
@@ -201,28 +200,6 @@ def parse_config(cls: type[C], argv: Sequence[str] | None) -> C:
     if check_given is not None:
         check_given(given_flags(parser, words))
     return config
-
-
-def _refuse_unknown(words: Sequence[str], known: list[str], where: str) -> None:
-    for word in words:
-        flag = word.split("=", 1)[0]
-        if flag.startswith("--") and flag not in known:
-            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else "; run with --help to list the flags"
-            raise UsageError(f"unknown flag {flag}{where}{hint}")
-
-
-def _refuse_file_lists(words: Sequence[str], lists: dict[str, str], path: str | None) -> None:
-    """A --config file's list for a flag that takes one value: argparse would call its second item
-    an unexpected argument, naming neither the file nor the flag."""
-    flag, count = None, 0
-    for word in [*words, "--"]:
-        if word.startswith("--"):
-            if flag is not None and flag not in lists and count > 1:
-                raise UsageError(f"--config file {path}: {flag[2:]} is a list, but {flag} takes one value")
-            flag, count = word, 0
-        else:
-            count += 1
 
 
 def given_flags(parser: HfArgumentParser, words: Sequence[str]) -> frozenset[str]:

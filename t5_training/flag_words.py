@@ -2,8 +2,10 @@
 repeated list flag's values joined. parse_config (config.py) reads what these return."""
 from __future__ import annotations
 
+import difflib
 import json
 import os
+from typing import Sequence
 
 import yaml
 
@@ -77,3 +79,26 @@ def file_to_words(path: str) -> list[str]:
         items = value if isinstance(value, list) else [value]
         words.extend(str(item).lower() if isinstance(item, bool) else str(item) for item in items)
     return words
+
+
+def refuse_unknown(words: Sequence[str], known: list[str], where: str) -> None:
+    """An unknown or misspelt flag among `words`, in one line naming the closest known flag."""
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else "; run with --help to list the flags"
+            raise UsageError(f"unknown flag {flag}{where}{hint}")
+
+
+def refuse_file_lists(words: Sequence[str], lists: dict[str, str], path: str | None) -> None:
+    """A --config file's list for a flag that takes one value: argparse would call its second item
+    an unexpected argument, naming neither the file nor the flag."""
+    flag, count = None, 0
+    for word in [*words, "--"]:
+        if word.startswith("--"):
+            if flag is not None and flag not in lists and count > 1:
+                raise UsageError(f"--config file {path}: {flag[2:]} is a list, but {flag} takes one value")
+            flag, count = word, 0
+        else:
+            count += 1
