@@ -1,5 +1,5 @@
 """The words of a command line before argparse reads them: a --config file's flags put first, a
-repeated list flag's values joined. parse_config (config.py) reads what these return."""
+repeated list flag's values joined, unknown flags refused. parse_config (config.py) reads what these return."""
 from __future__ import annotations
 
 import difflib
