@@ -52,8 +52,10 @@ class TrainingConfig:
     lr_scheduler_type: Literal[SCHEDULERS] | None = field(
         default=None, metadata={"help": "Default: constant for adafactor and adafactor_hf (as T5 fine-tunes), "
                                         "linear otherwise."})
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
+    warmup_steps: int = field(default=0, metadata={"help": "Warmup steps; when > 0 they override --warmup_ratio "
+                                                            "(as in HF's Trainer)."})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Warmup as a share of the run's steps, used while "
+                                                                "--warmup_steps is 0."})
     weight_decay: float = 0.0
     optim: Literal[OPTIMIZERS] = field(
         default="adamw_torch",
@@ -110,6 +112,15 @@ class TrainingConfig:
     def resolved_lr_scheduler_type(self) -> str:
         """The schedule the run uses: --lr_scheduler_type, or the optimizer's default if unset."""
         return OPTIMIZER_DEFAULTS[self.optim][1] if self.lr_scheduler_type is None else self.lr_scheduler_type
+
+    def check_given(self, given: frozenset[str]) -> None:
+        """Refuses AdamW's flags, typed (`given`) even at their defaults, with an optimizer that has no betas or epsilon."""
+        typed = [f"--{name}" for name in ("adam_beta1", "adam_beta2", "adam_epsilon") if name in given]
+        if typed and self.optim not in ("adamw_torch", "adamw_scale"):
+            one = len(typed) == 1
+            raise UsageError(f"{' and '.join(typed)} {'sets' if one else 'set'} AdamW's moments, and --optim "
+                             f"{self.optim} has none of them: drop {'it' if one else 'them'}, or use --optim "
+                             "adamw_torch or adamw_scale")
 
     def __post_init__(self):
         self.check_training_flags()

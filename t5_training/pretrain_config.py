@@ -80,7 +80,9 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
                              "ul2 each denoiser has its own: list them in a --denoisers file")
 
     def check_given(self, given: frozenset[str]) -> None:
-        """Refuses span corruption's flags, typed (`given`) even at their defaults, with another objective."""
+        """Refuses span corruption's flags, typed (`given`) even at their defaults, with another objective;
+        then the shared flags' checks."""
+        super().check_given(given)
         typed = [f"--{name}" for name in ("noise_density", "mean_noise_span_length") if name in given]
         if not typed or self.resolved_objective == "span_corruption":
             return

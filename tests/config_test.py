@@ -311,6 +311,29 @@ class FlagsWithoutEffectTest(parameterized.TestCase):
         self.assertEqual(str(raised.exception), line)
 
     @parameterized.named_parameters(
+        ("fine_tuning_one", "fine_tune", ["--optim", "adafactor", "--adam_beta2", "0.98"],
+         "--adam_beta2 sets AdamW's moments, and --optim adafactor has none of them: drop it, or use --optim "
+         "adamw_torch or adamw_scale"),
+        # Typed at its default: still a flag the run would ignore.
+        ("pretraining_two_at_defaults", "pre_train", ["--adam_beta1", "0.9", "--adam_epsilon=1e-8"],
+         "--adam_beta1 and --adam_epsilon set AdamW's moments, and --optim adafactor has none of them: drop them, "
+         "or use --optim adamw_torch or adamw_scale"),
+        ("hf_adafactor", "fine_tune", ["--optim", "adafactor_hf", "--adam_epsilon", "1e-6"],
+         "--adam_epsilon sets AdamW's moments, and --optim adafactor_hf has none of them: drop it, or use --optim "
+         "adamw_torch or adamw_scale"),
+    )
+    def test_adam_flags_without_adam_are_refused(self, script, words, line):
+        cls, base = ((fine_tune_t5.FineTuneConfig, []) if script == "fine_tune" else
+                     (pre_train_t5.PreTrainConfig, ["--train_file", "corpus.txt"]))
+        with self.assertRaisesWithLiteralMatch(UsageError, line):
+            parse_config(cls, [*base, *words])
+
+    def test_adam_flags_with_adam(self):
+        for optim in ("adamw_torch", "adamw_scale"):
+            config = parse_config(fine_tune_t5.FineTuneConfig, ["--optim", optim, "--adam_beta2", "0.98"])
+            self.assertEqual(config.adam_beta2, 0.98)
+
+    @parameterized.named_parameters(
         ("density_with_prefix_lm", ["--objective", "prefix_lm", "--noise_density", "0.3"],
          f"--noise_density is {SPAN_FLAGS_FOR_PREFIX_LM}: drop it, or use --objective span_corruption"),
         ("both_at_their_defaults_with_prefix_lm", ["--objective=prefix_lm", "--noise_density", "0.15",
