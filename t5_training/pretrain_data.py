@@ -155,7 +155,7 @@ def build_corpus(config, tokenizer, chunk_length: int, accelerator):
         val_docs = corpus.load_documents(held_out, None, None, "validation", config.text_column, streaming=False)
         val = corpus.pack_dataset(val_docs, tokenizer, chunk_length, eos_between_documents=config.eos_between_documents)
         return packed, val.select(range(min(config.max_eval_samples, len(val))))
-    # No held-out files: the corpus's last chunks (at most a tenth of it) become the validation set.
+    # No held-out files: the corpus's last chunks (a tenth of it, at least one) become the validation set.
     n_eval = min(config.max_eval_samples, max(1, len(packed) // 10))
     if len(packed) < 2:
         raise UsageError("the corpus packs into a single chunk: add text or pass --validation_file")

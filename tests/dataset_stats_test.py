@@ -126,17 +126,18 @@ class CorpusTest(TempDirTestCase):
     @parameterized.named_parameters(
         # k tokens each (T5 packs end to end): 210 tokens in chunks of 16 (17 - 1 for prefix LM):
         # 13 chunks, 2 dropped; 4 documents (17-20 tokens) exceed a chunk.
-        ("end_to_end", [], (1, 20), (210, 13, 2), 4),
+        ("end_to_end", [], (1, 20), (210, 13, 2), 4, "without an EOS between them"),
         # With an EOS after each: k + 1 tokens, 230 in all: 14 chunks, 6 dropped; 5 exceed a chunk.
-        ("eos_between", ["--eos_between_documents"], (2, 21), (230, 14, 6), 5),
+        ("eos_between", ["--eos_between_documents"], (2, 21), (230, 14, 6), 5, "plus the EOS that separates"),
     )
-    def test_document_lengths_and_packed_chunks(self, flags, lengths, packing, too_long):
+    def test_document_lengths_and_packed_chunks(self, flags, lengths, packing, too_long, counted):
         path = os.path.join(self.dir, "corpus.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(" ".join(["the"] * k) + "\n" for k in range(1, 21))  # k tokens
         stats, text = run(["--corpus_file", os.path.join(self.dir, "*.txt"), "--tokenizer_name", tokenizer_dir(),
                            "--objective", "prefix_lm", "--max_seq_length", "17", *flags])
         documents = stats["splits"]["corpus"]["document"]
+        self.assertIn(counted, stats["counted"])
         self.assertEqual((documents["rows"], documents["min"], documents["max"]), (20, *lengths))
         tokens, chunks, dropped = packing
         self.assertEqual({k: stats["packing"][k] for k in ("tokens", "chunks", "dropped_tokens", "chunk_length")},

@@ -168,7 +168,9 @@ def corpus_stats(config: StatsConfig, tokenizer) -> dict:
     return {
         "title": f"corpus {' '.join(config.corpus_file)}: {len(files)} file{'s' * (len(files) != 1)}",
         "tokenizer": config.tokenizer_name or config.model_name_or_path,
-        "counted": "tokens of each document plus the EOS that separates packed documents",
+        "counted": ("tokens of each document plus the EOS that separates packed documents"
+                    if config.eos_between_documents else
+                    "tokens of each document, packed end to end without an EOS between them (as T5 packs)"),
         "splits": {"corpus": {"document": length_stats(lengths, chunk, None)}},
         "packing": {"chunk_length": chunk, "objective": how, "tokens": total, "chunks": total // chunk,
                     "dropped_tokens": total % chunk, **({"denoiser_raw_lengths": read} if read else {})},
