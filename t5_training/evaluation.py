@@ -181,8 +181,9 @@ def candidate_blocks_mask(model, blocks: int, width: int):
 
     shape_only = torch.empty((1, blocks * width, 1), dtype=decoder.get_input_embeddings().weight.dtype,
                              device=decoder.get_input_embeddings().weight.device)
-    return create_causal_mask(config=decoder.config, inputs_embeds=shape_only, attention_mask=None,
-                              past_key_values=None, and_mask_function=same_block)
+    # The cache by position: transformers renamed its keyword (past_key_values, then cache, the old
+    # name warned of and due to go), and the GPU image's release knows only the old one.
+    return create_causal_mask(decoder.config, shape_only, None, None, and_mask_function=same_block)
 
 
 def decode_texts(tokenizer, generated) -> list[str]:

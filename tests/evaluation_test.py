@@ -9,6 +9,7 @@ import csv
 import math
 import os
 import tempfile
+import warnings
 from unittest import mock
 
 import torch
@@ -157,9 +158,13 @@ class CandidateBlocksTest(parameterized.TestCase):
             encoded = model.get_encoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
             separate = model(encoder_outputs=(encoded.repeat_interleave(k, dim=0),),
                              attention_mask=mask.repeat_interleave(k, dim=0), decoder_input_ids=decoder_input_ids).logits
+            with warnings.catch_warnings():
+                # transformers' deprecations: a renamed keyword warns first and fails a few releases later.
+                warnings.simplefilter("error", FutureWarning)
+                blocks_mask = evaluation.candidate_blocks_mask(model, k, width)
             blocks = model(encoder_outputs=(encoded,), attention_mask=mask,
                            decoder_input_ids=decoder_input_ids.view(rows, k * width),
-                           decoder_attention_mask=evaluation.candidate_blocks_mask(model, k, width)).logits
+                           decoder_attention_mask=blocks_mask).logits
             # Without the mask, later candidates would see earlier ones: the check can fail.
             unmasked = model(encoder_outputs=(encoded,), attention_mask=mask,
                              decoder_input_ids=decoder_input_ids.view(rows, k * width)).logits
