@@ -61,8 +61,9 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
             raise UsageError("a streamed corpus has no length: set --max_steps")
         if not 0 < self.noise_density < 1:
             raise UsageError(f"--noise_density must be in (0, 1), got {self.noise_density}")
-        if self.mean_noise_span_length < 1 or self.max_seq_length < 8 or self.max_eval_samples < 1:
-            raise UsageError("--mean_noise_span_length must be >= 1, --max_seq_length >= 8, --max_eval_samples >= 1")
+        for name, least in (("mean_noise_span_length", 1), ("max_seq_length", 8), ("max_eval_samples", 1)):
+            if getattr(self, name) < least:
+                raise UsageError(f"--{name} must be at least {least}, got {getattr(self, name)}")
         self._check_objective()
 
     @property

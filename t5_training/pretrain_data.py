@@ -31,11 +31,9 @@ def build_collator(config, tokenizer):
         return DataCollatorForPrefixLM(tokenizer, raw_length=config.max_seq_length - 1, seed=config.seed)
     if config.resolved_objective == "ul2":
         return build_mixture_collator(config, tokenizer)
-    try:
-        return DataCollatorForT5MLM(tokenizer, input_length=config.max_seq_length, noise_density=config.noise_density,
-                                    mean_noise_span_length=config.mean_noise_span_length, seed=config.seed)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    return built_or_refused(lambda n: DataCollatorForT5MLM(
+        tokenizer, input_length=n, noise_density=config.noise_density,
+        mean_noise_span_length=config.mean_noise_span_length, seed=config.seed), config.max_seq_length)
 
 
 # The flags that shape each objective's chunks and masks, as its checkpoints record them (after "objective").
@@ -92,13 +90,18 @@ def build_mixture_collator(config, tokenizer) -> denoisers.DataCollatorForDenois
         return denoisers.DataCollatorForDenoiserMixture(tokenizer, input_length=input_length, denoisers=mixture,
                                                         rates=rates, seed=config.seed)
 
+    return built_or_refused(build, config.max_seq_length)
+
+
+def built_or_refused(build, max_seq_length: int):
+    """`build(max_seq_length)`, a collator; where it refuses the length (more noise spans than the
+    tokenizer has sentinels), one line that offers the longest input that fits."""
     try:
-        return build(config.max_seq_length)
+        return build(max_seq_length)
     except ValueError as err:
-        # Too many noise spans for the sentinels: the longest input that fits is the fix to offer.
-        fits = next((n for n in range(config.max_seq_length - 1, 7, -1) if _builds(build, n)), None)
+        fits = next((n for n in range(max_seq_length - 1, 7, -1) if _builds(build, n)), None)
         hint = f"; --max_seq_length {fits} fits" if fits else ""
-        raise UsageError(f"--max_seq_length {config.max_seq_length}: {err}{hint}") from None
+        raise UsageError(f"--max_seq_length {max_seq_length}: {err}{hint}") from None
 
 
 def _builds(build, input_length: int) -> bool:

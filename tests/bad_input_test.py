@@ -133,6 +133,10 @@ CASES = [
     # At 512, UL2's X(mu=3, r=0.5) corrupts 127 spans; the tokenizer command gives 100 sentinels.
     ("ul2_too_few_sentinels", PRE_TRAIN, ["--objective", "ul2", "--max_seq_length", "512"],
      "--max_seq_length 512: denoiser 'X_3_0.5' puts 127 noise spans", "--max_seq_length 404 fits"),
+    # Span corruption at density 0.5: 766-token chunks get 128 spans, over the 100 sentinels.
+    ("span_corruption_too_few_sentinels", PRE_TRAIN, ["--noise_density", "0.5", "--max_seq_length", "512"],
+     "--max_seq_length 512: chunks of 766 tokens get 128 noise spans, but only 100 sentinels",
+     "--max_seq_length 403 fits"),
 ]
 
 

@@ -328,6 +328,15 @@ class FlagsWithoutEffectTest(parameterized.TestCase):
         with self.assertRaisesWithLiteralMatch(UsageError, line):
             parse_config(cls, [*base, *words])
 
+    @parameterized.named_parameters(
+        ("span_length", ["--mean_noise_span_length", "0.5"], "--mean_noise_span_length must be at least 1, got 0.5"),
+        ("sequence", ["--max_seq_length", "4"], "--max_seq_length must be at least 8, got 4"),
+        ("eval_samples", ["--max_eval_samples", "0"], "--max_eval_samples must be at least 1, got 0"),
+    )
+    def test_pretraining_bounds_name_the_value_that_is_wrong(self, words, line):
+        with self.assertRaisesWithLiteralMatch(UsageError, line):
+            parse_config(pre_train_t5.PreTrainConfig, ["--train_file", "x.txt", *words])
+
     def test_adam_flags_with_adam(self):
         for optim in ("adamw_torch", "adamw_scale"):
             config = parse_config(fine_tune_t5.FineTuneConfig, ["--optim", optim, "--adam_beta2", "0.98"])
