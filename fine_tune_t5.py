@@ -81,8 +81,8 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
     train_loader, eval_loaders = multitask.build_loaders(tasks, config, tokenizer, start_id,
                                                          accelerator.num_processes)
     sampler = train_loader.sampler  # before prepare wraps the loader: a mixture's rows are read back from it
-    drawn = mixture.task_record(list(tasks.entries), sampler) if tasks.mixed else \
-        mixture.one_task_record(next(iter(tasks.entries)), len(rows))
+    drawn = (mixture.task_record(list(tasks.entries), sampler) if tasks.mixed
+             else mixture.one_task_record(next(iter(tasks.entries)), len(rows)))
 
     run = runtime.prepare(accelerator, config, model, train_loader, eval_loaders)
     state = run_dir.resume(accelerator, config, resume_path, loop.TrainState(), run.scheduler,

@@ -80,10 +80,15 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str |
     return resume_from_checkpoint
 
 
+def has_checkpoint_files(path: str) -> bool:
+    """Whether the folder holds a checkpoint's own files, complete or not."""
+    return any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, STATE_FILE))
+
+
 def check_is_a_checkpoint(path: str) -> None:
     """Refuses a model export or a run's output folder as --resume_from_checkpoint by name: neither
     has a checkpoint's files, and calling them damaged would send the user looking for a fault."""
-    if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, STATE_FILE)):
+    if has_checkpoint_files(path):
         return
     if os.path.exists(os.path.join(path, "config.json")):
         raise UsageError(f"--resume_from_checkpoint {path} is a model export, not a checkpoint (no optimizer "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Callable
 
 from transformers.utils import logging as hf_logging
 
@@ -34,19 +35,31 @@ def export_model(accelerator, model, tokenizer, path: str) -> None:
     """
     state_dict = model_state_dict(accelerator, model)
     hf_logging.disable_progress_bar()  # one shard per export; a bar per save only clutters logs
-    tmp = f"{path}.tmp"
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
 
-    def write() -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
+    def fill(tmp: str) -> None:
         if adapters.is_adapter_model(unwrapped):
             adapters.save_pretrained(unwrapped, state_dict, tmp, final=path)
         else:
             unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
 
-    failure = attempt_write(write) if accelerator.is_main_process else None
-    agree_on_write(accelerator, failure, tmp, path, os.path.dirname(os.path.abspath(path)))
+    failure = attempt_write(lambda: write_folder_whole(path, fill)) if accelerator.is_main_process else None
+    agree_on_write(accelerator, failure, partial_folder(path), path, os.path.dirname(os.path.abspath(path)))
+
+
+def partial_folder(path: str) -> str:
+    """Where a folder is written before it takes `path`'s place."""
+    return os.path.normpath(path) + ".tmp"
+
+
+def write_folder_whole(path: str, fill: Callable[[str], None]) -> None:
+    """`fill(folder)` into partial_folder(path), then that folder in `path`'s place: a reader finds
+    the previous folder or the complete new one, never half of one. Exports and the tokenizer's
+    folder are written so."""
+    tmp = partial_folder(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    fill(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from t5_training import adapter_export, checkpoint
-from huggingface_hub.errors import StrictDataclassError
-
 from t5_training.errors import UsageError
 
 
@@ -44,8 +43,9 @@ def check_local_path(name: str, what: str) -> None:
     """Refuses a name that can only be a local path (absolute, ./ ../ ~, several folders deep, or a .json
     file) where nothing exists, before transformers tries the hub with it and reports a network or
     repo-id error instead of the typo."""
-    if os.path.exists(os.path.expanduser(name)):
-        check_not_a_run_folder(os.path.expanduser(name), what)
+    path = os.path.expanduser(name)
+    if os.path.exists(path):
+        check_not_a_run_folder(path, what)
         return
     local = (name.startswith(("/", ".", "~")) or name.endswith(".json")
              or len([part for part in name.split("/") if part]) > 2)
@@ -59,7 +59,7 @@ def check_not_a_run_folder(path: str, what: str) -> None:
     holds a config.json, and transformers would answer that the model is unrecognised."""
     if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")):
         return
-    if any(os.path.exists(os.path.join(path, name)) for name in (checkpoint.MANIFEST, checkpoint.STATE_FILE)):
+    if checkpoint.has_checkpoint_files(path):
         raise UsageError(f"{what} {path!r} is a training checkpoint, not a model: continue its run with "
                          "--resume_from_checkpoint and that run's --output_dir, or start from the run's "
                          "final/ or best/ folder")

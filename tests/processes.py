@@ -75,7 +75,7 @@ def launch_two(script: str, args: list[str], *, timeout: float | None = None) ->
     except subprocess.TimeoutExpired:
         stdout, stderr = kill(started)
         raise AssertionError(f"two processes of {os.path.basename(script)} still ran after {timeout:.0f} s; "
-                             f"killed. Their output's end:\n{(stdout + stderr)[-4000:]}") from None
+                             f"killed. Their output's start and end:\n{_ends(stdout + stderr)}") from None
     return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)
 
 

@@ -31,6 +31,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast
 
 from t5_training import text_files
 from t5_training.checkpoint import attempt_write, could_not_write
+from t5_training.export import partial_folder, write_folder_whole
 from t5_training.denoisers import MODE_TOKENS
 from t5_training.errors import EXIT_INTERRUPTED, UsageError, WriteError
 from t5_training.modeling import NUM_SENTINELS
@@ -101,20 +102,15 @@ def train_tokenizer(texts: Iterable[str], output_dir: str, vocab_size: int = 800
 def _save_whole(tokenizer, spiece_model: bytes, output_dir: str) -> None:
     """Writes the tokenizer under `<output_dir>.tmp` and renames it into place once complete, so a
     full disk leaves no half-written tokenizer.json (a WriteError says so) and an earlier one intact."""
-    partial = os.path.normpath(output_dir) + ".tmp"
-
-    def write() -> None:
-        shutil.rmtree(partial, ignore_errors=True)
-        tokenizer.save_pretrained(partial)
+    def fill(folder: str) -> None:
+        tokenizer.save_pretrained(folder)
         # save_pretrained in v5 writes only tokenizer.json/config; keep the raw model for sentencepiece users.
-        with open(os.path.join(partial, "spiece.model"), "wb") as f:
+        with open(os.path.join(folder, "spiece.model"), "wb") as f:
             f.write(spiece_model)
-        shutil.rmtree(output_dir, ignore_errors=True)
-        os.replace(partial, output_dir)
 
-    failure = attempt_write(write)
+    failure = attempt_write(lambda: write_folder_whole(output_dir, fill))
     if failure is not None:
-        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(partial_folder(output_dir), ignore_errors=True)
         raise WriteError(f"{could_not_write(output_dir, failure)}; nothing half-written was left: free space and "
                          "rerun")
 
