@@ -37,41 +37,46 @@ def load_splits(
     # One summary line per split says more than a progress bar per map on a cluster log.
     datasets.disable_progress_bars()
     wanted = (entry.train_split, *entry.eval_splits)
+    sources: dict[str, str] = {}  # split -> the file or hub dataset its rows came from, for errors
     if train_file or validation_file:
-        files = {entry.train_split: train_file, entry.eval_splits[0]: validation_file}
-        raw = {split: read_table_file(path, split, required_columns(entry)) for split, path in files.items()
-               if path}
+        sources = {split: path for split, path in {entry.train_split: train_file,
+                                                   entry.eval_splits[0]: validation_file}.items() if path}
+        raw = {split: read_table_file(path, split, required_columns(entry)) for split, path in sources.items()}
     elif data_dir:
         raw = _read_local_files(entry, data_dir, wanted)
+        sources = {split: os.path.join(data_dir, entry.local.splits[split]) for split in wanted}
     elif entry.package_corpus:
         raw = _read_package_corpus(entry, entry.package_corpus)
     elif entry.hub_path:
         raw = {split: load_hub_split(entry.hub_path, entry.hub_name, split, trust_remote_code) for split in wanted}
+        sources = dict.fromkeys(wanted, "/".join(filter(None, (entry.hub_path, entry.hub_name))))
     else:
         raise UsageError("this task has no built-in source: pass --train_file and --validation_file (CSV or JSONL)")
-    return {split: canonical(entry, ds, split) for split, ds in raw.items()}
+    return {split: canonical(entry, ds, split, source=sources.get(split)) for split, ds in raw.items()}
 
 
 def canonical(entry: TaskEntry, ds: datasets.Dataset, split: str, *, keep: Sequence[str] = (),
-              unlabelled_ok: bool = False) -> datasets.Dataset:
+              unlabelled_ok: bool = False, source: str | None = None) -> datasets.Dataset:
     """The entry's columns (and `keep`) of a split, its labels checked and made canonical.
 
     `unlabelled_ok` is for test splits alone: there a row may have no label (tasks.is_unlabelled).
+    `source` (a file's path or a hub dataset's name) is named in every error, beside the split.
     """
+    where = f"{split} split ({source})" if source else f"{split} split"
     wanted = [*required_columns(entry), *keep]
     missing = [c for c in wanted if c not in ds.column_names]
     if missing:
         raise UsageError(
-            f"{split} split has no column {missing[0]!r}; columns found: {', '.join(ds.column_names)}. "
+            f"{where} has no column {missing[0]!r}; columns found: {', '.join(ds.column_names)}. "
             "Rename the column or pass a file with it"
         )
     if len(ds) == 0:
-        raise UsageError(f"{split} split is empty; point the run at a file with rows")
+        raise UsageError(f"{where} is empty; point the run at a file with rows")
     ds = ds.select_columns(wanted)
     # Explicit features: without them, map casts the new labels back to the column's old type
     # when the rows come from a cache file (load_dataset), so label words became "0"/"1".
     features = datasets.Features({**ds.features, entry.target: datasets.Value(kind_of(entry).target_type)})
-    return ds.map(make_label_normalizer(entry, f"{split} split", unlabelled_ok), batched=True, with_indices=True,
+    return ds.map(make_label_normalizer(entry, where, unlabelled_ok), batched=True, with_indices=True,
                   features=features, desc=f"checking {split} labels")
 
 

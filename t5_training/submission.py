@@ -57,13 +57,13 @@ def load_test_splits(entry: TaskEntry, *, data_dir: str | None = None, trust_rem
                          "drop --do_predict")
     splits = {}
     for test in entry.submission.splits:
-        ds = _read_test_split(entry, test, data_dir, trust_remote_code)
+        ds, source = _read_test_split(entry, test, data_dir, trust_remote_code)
         if ds is None:
             warn(missing_file_warning(entry, test, data_dir))
             continue
         if entry.target not in ds.column_names:  # GLUE's test files have no label column
             ds = ds.add_column(entry.target, [kind_of(entry).unlabelled] * len(ds))
-        ds = data.canonical(entry, ds, test.name, keep=(INDEX,), unlabelled_ok=True)
+        ds = data.canonical(entry, ds, test.name, keep=(INDEX,), unlabelled_ok=True, source=source)
         repeated = [i for i, n in collections.Counter(map(str, data.column_values(ds, INDEX))).items() if n > 1]
         if repeated:
             raise UsageError(f"{test.name} split: index {repeated[0]} appears more than once, and the leaderboard "
@@ -82,20 +82,22 @@ def missing_file_warning(entry: TaskEntry, test: TestSplit, data_dir: str) -> st
 
 
 def _read_test_split(entry: TaskEntry, test: TestSplit, data_dir: str | None,
-                     trust_remote_code: bool) -> datasets.Dataset | None:
+                     trust_remote_code: bool) -> tuple[datasets.Dataset | None, str]:
+    """The split's rows (None for a missing optional file) and where they came from."""
     if data_dir:
         path = os.path.join(data_dir, entry.submission.local.splits[test.name])
         if not os.path.isfile(path):
             if test.optional:
-                return None
+                return None, path
             raise UsageError(f"--do_predict needs the test file {path}, which is not there; put the task's "
                              f"{os.path.basename(path)} in --data_dir, or drop --do_predict")
-        return read_original_file(path, entry.submission.local)
+        return read_original_file(path, entry.submission.local), path
     if not entry.hub_path:
         raise UsageError("--do_predict reads the test files from --data_dir; pass the folder that holds them")
-    ds = data.load_hub_split(entry.hub_path, test.hub_name or entry.hub_name, test.hub_split or test.name,
-                             trust_remote_code)
-    return ds.rename_column(HUB_INDEX, INDEX) if HUB_INDEX in ds.column_names else ds
+    name = test.hub_name or entry.hub_name
+    ds = data.load_hub_split(entry.hub_path, name, test.hub_split or test.name, trust_remote_code)
+    return (ds.rename_column(HUB_INDEX, INDEX) if HUB_INDEX in ds.column_names else ds,
+            "/".join(filter(None, (entry.hub_path, name))))
 
 
 def build_test_data(entry: TaskEntry, config, tokenizer, log=print, *, data_dir: str | None = None,

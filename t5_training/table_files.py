@@ -60,6 +60,19 @@ def read_table_file(path: str, split: str, required: Sequence[str]) -> datasets.
     return datasets.Dataset.from_dict(columns)
 
 
+def _field_positions(path: str, layout: LocalFiles, header: list[str] | None) -> dict[str, int]:
+    """Where each of the layout's columns sits in a row: named by the header, or by position."""
+    if header is None:
+        return {old: int(old) for old in layout.columns}
+    if not header:
+        raise UsageError(f"{path} is empty; --data_dir must hold the task's original files")
+    missing = [old for old in layout.columns if old not in header]
+    if missing:
+        raise UsageError(f"{path} line 1 (the header): no column {missing[0]!r}; columns found: "
+                         f"{', '.join(header)}. Is --data_dir the right dataset?")
+    return {old: header.index(old) for old in layout.columns}
+
+
 def _read_delimited(path: str, delimiter: str) -> dict[str, list[str]]:
     name = "tab" if delimiter == "\t" else "comma"
     csv.field_size_limit(MAX_FIELD_BYTES)
@@ -144,19 +157,17 @@ def read_original_file(path: str, layout: LocalFiles) -> datasets.Dataset:
     try:
         with open(path, encoding=layout.encoding, newline="") as f:
             reader = csv.reader(f, delimiter=layout.delimiter, quoting=layout.quoting)
-            names = next(reader, []) if layout.header else None
+            fields = _field_positions(path, layout, next(reader, []) if layout.header else None)
+            needed = max(fields.values()) + 1
             for line, row in enumerate(reader, start=2 if layout.header else 1):
                 if not row:
                     continue
-                if names is None:
-                    names = [str(i) for i in range(len(row))]
-                record = dict(zip(names, row))
-                missing = [old for old in layout.columns if old not in record]
-                if missing:
-                    raise UsageError(f"{path} line {line}: no column {missing[0]!r}; columns found: "
-                                     f"{', '.join(record)}. Is --data_dir the right dataset?")
+                if len(row) < needed:
+                    short = min((old for old, i in fields.items() if i >= len(row)), key=fields.get)
+                    raise UsageError(f"{path} line {line}: column {short!r} is field {fields[short] + 1}, but the "
+                                     f"line has {len(row)}; fix or remove the line")
                 for old, new in layout.columns.items():
-                    columns[new].append(record[old])
+                    columns[new].append(row[fields[old]])
     except UnicodeDecodeError as err:
         raise (scan_lines(path, layout.encoding)[1] or err) from None
     return datasets.Dataset.from_dict(columns)

@@ -281,7 +281,7 @@ class AddingADatasetTest(fixtures.TempDirTestCase):
         with open(os.path.join(self.dir, "valid.csv"), "a", encoding="utf-8", newline="") as f:
             csv.writer(f).writerow(["Hmm", "It is a kettle.", "okay", "3"])
         with self.assertRaisesRegex(
-                UsageError, r"validation split row 3: label 'okay' is not one of the label words "
+                UsageError, r"validation split \(.*/valid.csv\) row 3: label 'okay' is not one of the label words "
                             r"\(0 or 'bad', 1 or 'good'\)"):
             data.load_splits(REVIEWS, data_dir=self.dir)
 

@@ -160,12 +160,25 @@ class BadInputTest(fixtures.TempDirTestCase):
 
     def test_missing_column(self):
         folder = self._sst2("text\tlabel\nnice\t1\n")
-        with self.assertRaisesRegex(UsageError, r"dev.tsv line 2: no column 'sentence'; columns found: text, label\."):
+        with self.assertRaisesRegex(UsageError, r"dev.tsv line 1 \(the header\): no column 'sentence'; columns found: text, label\."):
             self._load_sst2(folder)
 
     def test_short_row(self):
         folder = self._sst2("sentence\tlabel\nnice\t1\nforgot the label\n")
-        with self.assertRaisesRegex(UsageError, r"dev.tsv line 3: no column 'label'; columns found: sentence\."):
+        with self.assertRaisesRegex(UsageError, r"dev.tsv line 3: column 'label' is field 2, but the line has 1; fix or remove the line"):
+            self._load_sst2(folder)
+
+    def test_short_row_without_a_header_names_the_field(self):
+        # CoLA's files have no header: its layout reads fields 2 (label) and 4 (sentence).
+        folder = os.path.join(self.dir, "cola")
+        _write(os.path.join(folder, "train.tsv"), "src\t1\t\tfine\n")
+        _write(os.path.join(folder, "dev.tsv"), "src\t1\t\tfine\nsrc\t0\n")
+        with self.assertRaisesRegex(UsageError, r"cola/dev.tsv line 2: column '3' is field 4, but the line has 2; "):
+            data.load_splits(tasks.get_entry("glue", "cola"), data_dir=folder)
+
+    def test_empty_file_is_named(self):
+        folder = self._sst2("")
+        with self.assertRaisesRegex(UsageError, r"sst2/dev.tsv is empty; --data_dir must hold the task's original"):
             self._load_sst2(folder)
 
     @parameterized.named_parameters(
@@ -176,13 +189,13 @@ class BadInputTest(fixtures.TempDirTestCase):
     def test_label_outside_label_words(self, label, where):
         folder = self._sst2(f"sentence\tlabel\nnice\t1\nsuper\t{label}\n")
         with self.assertRaisesRegex(
-                UsageError, rf"^validation split {where} is not one of the label words "
+                UsageError, rf"^validation split \(.*/sst2/dev.tsv\) {where} is not one of the label words "
                             r"\(0 or 'negative', 1 or 'positive'\)"):
             self._load_sst2(folder)
 
     def test_empty_split(self):
         folder = self._sst2("sentence\tlabel\n")
-        with self.assertRaisesRegex(UsageError, r"^validation split is empty"):
+        with self.assertRaisesRegex(UsageError, r"^validation split \(.*/sst2/dev.tsv\) is empty"):
             self._load_sst2(folder)
 
     def test_not_utf8(self):
@@ -228,7 +241,7 @@ class TableFileTest(fixtures.TempDirTestCase):
                           "target": ["negative", "positive"]})
 
     def test_csv_missing_label_names_its_row(self):
-        with self.assertRaisesRegex(UsageError, r"^validation split row 3: label '' is not one of"):
+        with self.assertRaisesRegex(UsageError, r"^validation split \(.*/valid.csv\) row 3: label '' is not one of"):
             self._load(tasks.get_entry("glue", "sst2"), "sentence,label\nfun,1\n",
                        "sentence,label\ngood,1\nbad,0\nmeh,\n")
 
@@ -256,7 +269,7 @@ class TableFileTest(fixtures.TempDirTestCase):
             data.load_splits(tasks.get_entry("glue", "sst2"), train_file=path, validation_file=path)
 
     def test_missing_column(self):
-        with self.assertRaisesRegex(UsageError, r"^train split has no column 'sentence'; columns found: text, label"):
+        with self.assertRaisesRegex(UsageError, r"^train split \(.*/train.csv\) has no column 'sentence'; columns found: text, label"):
             self._load(tasks.get_entry("glue", "sst2"), "text,label\nfun,1\n", "sentence,label\nok,1\n")
 
     @parameterized.named_parameters(
