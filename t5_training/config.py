@@ -162,7 +162,9 @@ class ModelConfig:
     """Which model and tokenizer a script starts from (`t5_training.modeling`)."""
 
     model_name_or_path: str | None = field(default=None, metadata={"help": "Pretrained model: hub name or folder."})
-    config_name: str | None = field(default=None, metadata={"help": "Model config JSON for a from-scratch model."})
+    config_name: str | None = field(default=None, metadata={"help": "Model config JSON (or a configs/ name) for a "
+                                                                     "from-scratch model; not with "
+                                                                     "--model_name_or_path."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Defaults to --model_name_or_path."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Run code shipped with a hub model."})
     dropout_rate: float | None = field(default=None, metadata={"help": "Overrides the model config's dropout."})
@@ -170,6 +172,13 @@ class ModelConfig:
     freeze_decoder: bool = field(default=False, metadata={"help": "Train no decoder weights."})
     freeze_embeddings: bool = field(default=False, metadata={"help": "Train neither the token embeddings nor "
                                                                      "the output layer."})
+
+    def check_model_flags(self) -> None:
+        """Refuses two sources of a model's shape: a pretrained model's weights come with their own config."""
+        if self.model_name_or_path and self.config_name:
+            raise UsageError(f"--model_name_or_path {self.model_name_or_path} loads a pretrained model with its own "
+                             f"shape, and --config_name {self.config_name} shapes a model trained from scratch: pass "
+                             "one of them (--dropout_rate changes a pretrained model's dropout)")
 
 
 class _Parser(HfArgumentParser):

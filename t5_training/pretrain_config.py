@@ -54,6 +54,7 @@ class PreTrainConfig(ModelConfig, TrainingConfig):
     project_name: str = field(default="t5-pretrain", metadata={"help": "Tracker (W&B) project."})
 
     def __post_init__(self):
+        self.check_model_flags()
         super().__post_init__()
         if not self.train_file and not self.dataset_name:
             raise UsageError("no corpus: pass --train_file (text, jsonl or parquet files) or --dataset_name")

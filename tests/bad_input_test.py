@@ -118,6 +118,12 @@ CASES = [
      "add --peft lora, or drop it"),
     ("patience_without_evaluations", FINE_TUNE, ["--early_stopping_patience", "2"],
      "--early_stopping_patience 2 counts evaluations without improvement", "set --eval_steps N"),
+    # Two sources of the model's shape: the pretrained one would win and the config be ignored.
+    ("pretrained_and_config", FINE_TUNE, ["--model_name_or_path", "{f}/no_model", "--config_name", "t5-small"],
+     "--model_name_or_path {f}/no_model loads a pretrained model with its own shape, and --config_name t5-small "
+     "shapes a model trained from scratch", "pass one of them"),
+    ("pretrained_and_config_pretraining", PRE_TRAIN, ["--model_name_or_path", "{f}/no_model"],
+     "and --config_name " + fixtures.TINY_CONFIG + " shapes a model trained from scratch", "pass one of them"),
     ("mixing_without_training", FINE_TUNE, ["--do_train", "false", "--model_name_or_path", "{f}/no_model",
                                             "--dataset_name", "sst2,cola", "--data_dir", "{glue}",
                                             "--mixing_cap", "100"],

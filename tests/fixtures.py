@@ -114,10 +114,12 @@ def save_tiny_model(folder: str) -> str:
 
 
 def fine_tune_args(output_dir: str, *extra: str) -> list[str]:
-    """Flags for a small, fast SST-2 run of fine_tune_t5.py on the tiny model."""
+    """Flags for a small, fast SST-2 run of fine_tune_t5.py on the tiny model: a fresh one, unless `extra`
+    names a trained one (--model_name_or_path, which the scripts refuse beside --config_name)."""
+    model = [] if "--model_name_or_path" in extra else ["--config_name", TINY_CONFIG]
     return [
         "--benchmark", "glue", "--dataset_name", "sst2", "--data_dir", sst2_dir(),
-        "--config_name", TINY_CONFIG, "--tokenizer_name", tokenizer_dir(),
+        *model, "--tokenizer_name", tokenizer_dir(),
         "--output_dir", output_dir, "--max_source_length", "64", "--max_target_length", "8",
         "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "32",
         "--max_train_samples", "100", "--max_eval_samples", "32", "--logging_steps", "1",
