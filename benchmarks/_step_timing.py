@@ -86,4 +86,12 @@ def profile_step(accelerator, model, optimizer, batch: dict, top: int = 8) -> di
     ops = [{"op": e.key, "self_ms": round(getattr(e, attribute) / 1e3, 2),
             "share": round(getattr(e, attribute) / total, 4), "calls": e.count} for e in events[:top]]
     return {"clock": "device" if cuda else "cpu", "total_self_ms": round(total / 1e3, 2),
-            "matmul_share": round(matmul / total, 4), "optimizer_share": round(optimizer / total, 4), "top_ops": ops}
+            "matmul_share": round(matmul / total, 4), "optimizer_share": round(optimizer / total, 4), "top_ops": ops,
+            "attention_ops": attention_ops(prof)}
+
+
+def attention_ops(prof) -> dict[str, int]:
+    """Calls of each aten op of scaled_dot_product_attention's that a finished profile recorded,
+    forward and backward (aten::_scaled_dot_product_efficient_attention, aten::_efficient_attention_backward,
+    aten::_scaled_dot_product_attention_math...): which kernel the device chose."""
+    return {e.key: e.count for e in prof.key_averages() if "scaled_dot_product" in e.key or "_attention" in e.key}

@@ -37,12 +37,14 @@ a few seconds, which checks that the script works, not its figures):
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import REPO, child_main, rss_kib, run_child  # noqa: E402
+from _step_timing import attention_ops  # noqa: E402
 MIB = 1 << 20
 SMALL, TINY, V11_SMALL = "configs/t5-small.json", "configs/t5-tiny.json", "configs/t5-v1_1-small.json"
 BASE = "configs/t5-base.json"
@@ -185,9 +187,12 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     # what it saved, so no measured step runs under them.
     saved = SavedTensors(model)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
+    # The profiler names which of SDPA's kernels ran (its math path decomposes below autograd, where
+    # only a profiler still sees it): that decides what attention saves.
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     for number in range(steps + census):
         recording = number == steps
-        with hooks if recording else contextlib.nullcontext():
+        with hooks if recording else contextlib.nullcontext(), profiler if recording else contextlib.nullcontext():
             with torch.autocast(device, dtype=dtype, enabled=dtype is not None):  # what accelerate wraps
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                decoder_input_ids=batch["decoder_input_ids"]).logits
@@ -201,7 +206,8 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
         optimizer.zero_grad(set_to_none=True)
         if not recording:
             after_step()
-    return saved.steps[-1] if census else {}
+    return {**saved.steps[-1], "attention_ops": attention_ops(profiler)} if census else {}
+
 
 
 def _adapter_config(job: dict):
@@ -313,6 +319,7 @@ def main(argv=None) -> list[dict]:
                      "error %": round(100 * (predicted - measured) / measured, 1),
                      "peak at": result["estimate"]["peak_at"], "seconds": round(result["seconds"], 1),
                      "saved MiB": round(result["saved"]["bytes"] / MIB, 1),
+                     "traced saved MiB": round(result["estimate"]["saved_for_backward"] / MIB, 1),
                      "job": job, "estimate": result["estimate"], "measured_bytes": measured,
                      "step_peaks": result["step_peaks"], "requested_peaks": result["requested_peaks"],
                      "saved": result["saved"], "file_pages_change": result["file_pages_change"]})
@@ -321,6 +328,9 @@ def main(argv=None) -> list[dict]:
     print(format_table([_shown(row) for row in rows]))
     within = sum(abs(row["error %"]) <= 15 for row in rows)
     print(f"\n{within} of {len(rows)} within 15% of measured ({args.device}, {args.steps} steps each)")
+    for kernels in sorted({", ".join(f"{op} x{n}" for op, n in row["saved"]["attention_ops"].items())
+                           for row in rows}):
+        print(f"attention ran as: {kernels}")
     if args.output:
         write_json(args.output, {"device": args.device, "steps": args.steps, "rows": rows})
     return rows

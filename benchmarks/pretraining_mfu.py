@@ -221,6 +221,8 @@ def print_report(per_batch: list[dict], peak: float, peak_by_shape: dict, busy_p
           "step; top ops:")
     print(reporting.format_table([{"op": o["op"], "self ms": o["self_ms"], "share": f"{100 * o['share']:.1f}%",
                                    "calls": o["calls"]} for o in profile["top_ops"]]))
+    print("attention ran as: " + (", ".join(f"{op} x{calls}" for op, calls in profile["attention_ops"].items())
+                                  or "no SDPA op (eager attention)"))
     if variants:
         print(f"\nalternatives, interleaved, batch {variants['batch_size']}:")
         print(reporting.format_table([{"setup": name, "s/step (median)": round(v["step_seconds_median"], 3),

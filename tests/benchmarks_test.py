@@ -100,6 +100,14 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertLen(profile["top_ops"], 8)
         self.assertTrue(0 < profile["matmul_share"] <= 1, profile["matmul_share"])
         self.assertIn("aten::mm", [op["op"] for op in profile["top_ops"]])
+        # Each SDPA call ran one kernel, which the profile names: on the CPU, the math path where the
+        # bias is trained (dropout is on), the CPU flash kernel for cross-attention.
+        attention = profile["attention_ops"]
+        kernels = {op: n for op, n in attention.items() if op != "aten::scaled_dot_product_attention"
+                   and not op.endswith("_backward")}
+        self.assertEqual(set(kernels), {"aten::_scaled_dot_product_attention_math",
+                                        "aten::_scaled_dot_product_flash_attention_for_cpu"})
+        self.assertEqual(sum(kernels.values()), attention["aten::scaled_dot_product_attention"])
 
     def test_collator_speed(self):
         results = self.run_quick("collator_speed.py", subprocess_=True)  # and a script start
@@ -181,6 +189,11 @@ class BenchmarksTest(fixtures.TempDirTestCase):
                            sum(estimate[k] for k in ("weights", "gradients", "optimizer_state", "activations")))
         self.assertLen(row["step_peaks"], 2)
         self.assertGreater(row["measured_bytes"], 0)
+        # The census of what autograd saved equals the tracer's saved bytes on the CPU, and names the
+        # SDPA kernel that ran: the math path, since dropout is on (the tracer's CPU rule).
+        self.assertEqual(row["saved"]["bytes"], estimate["saved_for_backward"])
+        self.assertEqual(row["saved"]["attention_ops"], {"aten::scaled_dot_product_attention": 6,
+                                                         "aten::_scaled_dot_product_attention_math": 6})
         self.assertAlmostEqual(row["error %"], 100 * (estimate["total"] - row["measured_bytes"])
                                / row["measured_bytes"], delta=0.1)
 

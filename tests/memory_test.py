@@ -58,7 +58,7 @@ class HandComputedTest(absltest.TestCase):
                                  padding=False)
         self.assertEqual(result, memory.MemoryEstimate(
             parameters=1608, trainable_parameters=1608, weights=6432, gradients=6432, optimizer_state=12864,
-            activations=21249, total=42089, peak_at="backward, decoder layer 0"))
+            activations=21249, total=42089, peak_at="backward, decoder layer 0", saved_for_backward=19761))
 
     def test_adafactor_state(self):
         # HF's Adafactor factors every matrix (out, in): row + column each, the whole of each vector,

@@ -130,6 +130,9 @@ class MemoryEstimate:
     activations: int
     total: int
     peak_at: str
+    # What autograd keeps for backward by the end of the forward (the bulk of `activations`): the
+    # figure benchmarks/memory_estimator.py checks against a census of what a device really keeps.
+    saved_for_backward: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -206,7 +209,8 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
         parameters=n_params, trainable_parameters=n_learn, weights=weights, gradients=gradients,
         optimizer_state=optimizer_state, activations=max(activations for _, activations in profile),
         total=weights + optimizer_state + max(peak, step),
-        peak_at=f"backward, {stages[s]}" if peak >= step else "optimizer step")
+        peak_at=f"backward, {stages[s]}" if peak >= step else "optimizer step",
+        saved_for_backward=sum(tape.bytes[key] for key in tape.saved_by()))
 
 
 def _gradients_alive(n_stages: int, learned: dict[str, Sequence[int]], stage_of: dict[str, int],
