@@ -49,7 +49,7 @@ def load_splits(
         raw = _read_package_corpus(entry, entry.package_corpus)
     elif entry.hub_path:
         raw = {split: load_hub_split(entry.hub_path, entry.hub_name, split, trust_remote_code) for split in wanted}
-        sources = dict.fromkeys(wanted, "/".join(filter(None, (entry.hub_path, entry.hub_name))))
+        sources = dict.fromkeys(wanted, hub_dataset_name(entry.hub_path, entry.hub_name))
     else:
         raise UsageError("this task has no built-in source: pass --train_file and --validation_file (CSV or JSONL)")
     return {split: canonical(entry, ds, split, source=sources.get(split)) for split, ds in raw.items()}
@@ -107,6 +107,11 @@ def _read_package_corpus(entry: TaskEntry, corpus: PackageCorpus) -> dict[str, d
     # first N (--max_train_samples) are a sample of every topic and the same on every machine.
     train = datasets.Dataset.from_dict(rows[entry.train_split]).shuffle(seed=0).flatten_indices()
     return {entry.train_split: train, entry.eval_splits[0]: datasets.Dataset.from_dict(rows[entry.eval_splits[0]])}
+
+
+def hub_dataset_name(path: str, name: str | None) -> str:
+    """How errors name a hub dataset: glue/sst2, or the path alone when it has no configuration."""
+    return f"{path}/{name}" if name else path
 
 
 def load_hub_split(path: str, name: str | None, split: str, trust_remote_code: bool) -> datasets.Dataset:

@@ -65,7 +65,8 @@ class FineTuneConfig(ModelConfig, adapters.AdapterConfig, mixture.MixtureConfig,
         return super().resolved_learning_rate
 
     def __post_init__(self):
-        # The order picks the error several bad flags get: model, adapter, training, this script's, the mixture's (registry).
+        # The order picks the error several bad flags get: model, adapter, training, this script's, the
+        # mixture's (registry).
         self.check_model_flags()
         self.check_adapter_flags()
         self.check_training_flags()

@@ -97,7 +97,7 @@ def _read_test_split(entry: TaskEntry, test: TestSplit, data_dir: str | None,
     name = test.hub_name or entry.hub_name
     ds = data.load_hub_split(entry.hub_path, name, test.hub_split or test.name, trust_remote_code)
     return (ds.rename_column(HUB_INDEX, INDEX) if HUB_INDEX in ds.column_names else ds,
-            "/".join(filter(None, (entry.hub_path, name))))
+            data.hub_dataset_name(entry.hub_path, name))
 
 
 def build_test_data(entry: TaskEntry, config, tokenizer, log=print, *, data_dir: str | None = None,

@@ -6,6 +6,7 @@ import functools
 import os
 import tempfile
 import types
+from unittest import mock
 
 from absl.testing import absltest, parameterized
 import datasets
@@ -113,6 +114,16 @@ class RealFilesTest(parameterized.TestCase):
 
 
 class CanonicalTest(fixtures.TempDirTestCase):
+
+    def test_hub_rows_errors_name_the_dataset(self):
+        # Offline here, so the hub is a stand-in: a label outside the words names the hub dataset.
+        def load(path, name, split, trust_remote_code):
+            return datasets.Dataset.from_dict({"sentence": ["good", "bad"], "label": [1, 5 if split == "validation"
+                                                                                      else 0]})
+
+        with mock.patch.object(data, "load_hub_split", load), \
+                self.assertRaisesRegex(UsageError, r"^validation split \(nyu-mll/glue/sst2\) row 2: label 5 is not"):
+            data.load_splits(tasks.get_entry("glue", "sst2"))
 
     def test_test_split_keeps_its_index_and_may_lack_labels(self):
         # GLUE's hub test splits say -1; a labelled split with the same rows is refused.
