@@ -55,12 +55,19 @@ def run_in_process(script: str, argv: list[str]) -> tuple[object, str]:
             # Its runs' "fresh processes" fork from this one: the same code in a process of its own, without
             # the 8 s of imports a start costs (a quick run checks results, not timings).
             stack.enter_context(mock.patch.object(harness, "start_child", cli_batch.fork_script))
-            spec = importlib.util.spec_from_file_location(f"benchmark_{script[:-3]}", os.path.join(BENCHMARKS, script))
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module.main(argv), stdout.getvalue()
+            return load_benchmark(script).main(argv), stdout.getvalue()
     finally:
         torch.set_num_threads(threads)
+
+
+def load_benchmark(script: str):
+    """A benchmark script as a module, its functions to call, under another name (as run_in_process)."""
+    if BENCHMARKS not in sys.path:
+        sys.path.append(BENCHMARKS)
+    spec = importlib.util.spec_from_file_location(f"benchmark_{script[:-3]}", os.path.join(BENCHMARKS, script))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class BenchmarksTest(fixtures.TempDirTestCase):
@@ -141,6 +148,29 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertEqual(sorted(results["compiled_over_eager"]), ["fine-tuning, symbolic", "fine-tuning, widths",
                                                                   "pretraining"])
 
+    def test_fused_norms_and_gelu_compute_what_transformers_does(self):
+        # The MFU benchmark's fused variant must differ from T5's modules only in its kernels.
+        from transformers import T5ForConditionalGeneration
+
+        module = load_benchmark("pretraining_mfu.py")
+        cfg = fixtures.tiny_t5_config(feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False,
+                                      decoder_start_token_id=0, pad_token_id=0)
+        ids, labels = torch.randint(2, 32, (2, 12)), torch.randint(2, 32, (2, 5))
+        results = []
+        for fused in (False, True):
+            torch.manual_seed(0)
+            model = T5ForConditionalGeneration(cfg).train()
+            if fused:
+                module.fuse_norms_and_gelu(model)
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        (loss, grads), (fused_loss, fused_grads) = results
+        self.assertNotEqual(model.decoder.final_layer_norm.forward.__func__.__name__, "forward")  # it was swapped
+        torch.testing.assert_close(fused_loss, loss, rtol=1e-6, atol=1e-6)
+        for name, grad in grads.items():
+            torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
     def test_saved_tensors_census_equals_the_tracer(self):
         # The census a GPU run reports (what autograd saved, storage by storage) counts what the
         # estimate's tracer counts: on the CPU, where the tracer is exact, the two are equal.
@@ -149,12 +179,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         from t5_training.losses import token_cross_entropy_sum
         from t5_training.tools import activation_memory
 
-        if BENCHMARKS not in sys.path:
-            sys.path.append(BENCHMARKS)
-        spec = importlib.util.spec_from_file_location("benchmark_memory_census", os.path.join(BENCHMARKS,
-                                                                                              "memory_estimator.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_benchmark("memory_estimator.py")
         cfg = fixtures.tiny_t5_config(num_layers=2, num_decoder_layers=2)
         torch.manual_seed(0)
         model = T5ForConditionalGeneration(cfg).train()
