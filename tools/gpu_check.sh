@@ -83,9 +83,10 @@ export T5_TRAINING_TEST_DEVICE=cuda T5_TRAINING_DATA=$PWD/$CARRY/data WANDB_MODE
 # each, process included (165 s), v1.1-base's MFU at two batch sizes (now one), and the memory
 # estimator's 8 configurations at 16-22 s each in processes of their own (now one process).
 TESTS_S=${TESTS_S:-140} BENCH_S=${BENCH_S:-165} MFU_S=${MFU_S:-55} MEMORY_S=${MEMORY_S:-65}
-COMPILED_MFU_S=${COMPILED_MFU_S:-85} COMPILED_BENCH_S=${COMPILED_BENCH_S:-240}
+COMPILED_MFU_S=${COMPILED_MFU_S:-85} COMPILED_BENCH_S=${COMPILED_BENCH_S:-240} VARIANTS_S=${VARIANTS_S:-110}
 # Which parts run: by default the test subset and the uncompiled goals; a second call on the
-# still-warm machine runs PARTS="compiled_mfu compiled_throughput".
+# still-warm machine runs PARTS="compiled_mfu compiled_throughput", and where device time is left,
+# PARTS=mfu_variants (eager alternatives interleaved, the fused norms and GELU among them).
 PARTS=${PARTS:-tests throughput mfu memory}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 
@@ -132,6 +133,14 @@ if part compiled_mfu; then
     echo "mfu t5-v1_1-base compiled: exit $?"; tail -12 "$OUT/mfu_t5-v1_1-base_compiled.log"
 fi
 
+# T5 v1.1-base eager against its alternatives (benchmarks/pretraining_mfu.py compare_variants), three
+# rounds at batch 64: whether fusing the norms and GELU is worth doing in eager mode.
+if part mfu_variants; then
+    timeout "$VARIANTS_S" python3 benchmarks/pretraining_mfu.py --model_config configs/t5-v1_1-base.json \
+        --input_length 512 --batch_sizes 64 --steps 2 --variant_rounds 3 --mixed_precision bf16 \
+        --output "$OUT/mfu_variants.json" > "$OUT/mfu_variants.log" 2>&1
+    echo "mfu variants: exit $?"; tail -12 "$OUT/mfu_variants.log"
+fi
 # HF's best includes its torch_compile; ours compiled beside it (per padded width on a GPU). The
 # first 30 steps, where both compile, are left out of the time.
 if part compiled_throughput; then
