@@ -155,7 +155,8 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         module = load_benchmark("pretraining_mfu.py")
         cfg = fixtures.tiny_t5_config(feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False,
                                       decoder_start_token_id=0, pad_token_id=0)
-        ids, labels = torch.randint(2, 32, (2, 12)), torch.randint(2, 32, (2, 5))
+        generator = torch.Generator().manual_seed(0)
+        ids, labels = torch.randint(2, 32, (2, 12), generator=generator), torch.randint(2, 32, (2, 5), generator=generator)
         results = []
         for fused in (False, True):
             torch.manual_seed(0)
@@ -168,8 +169,14 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         (loss, grads), (fused_loss, fused_grads) = results
         self.assertNotEqual(model.decoder.final_layer_norm.forward.__func__.__name__, "forward")  # it was swapped
         torch.testing.assert_close(fused_loss, loss, rtol=1e-6, atol=1e-6)
+        # The fused kernels sum in another order: fp32 rounding, to a few 1e-7 of each tensor's scale
+        # whatever the CPU's vector width. A different formula (GELU without its tanh form) is 1e-3 apart.
         for name, grad in grads.items():
-            torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+            if grad is None:  # a weight this step does not reach: none on either side
+                self.assertIsNone(fused_grads[name], name)
+                continue
+            torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-5 * grad.abs().max().item(),
+                                       msg=lambda m, name=name: f"{name}: {m}")
 
     def test_saved_tensors_census_equals_the_tracer(self):
         # The census a GPU run reports (what autograd saved, storage by storage) counts what the
