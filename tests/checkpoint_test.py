@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import re
 import shutil
 import tempfile
 from unittest import mock
@@ -151,6 +152,41 @@ class ResolveResumeTest(_TmpDirTest):
         self.assertEqual(str(raised.exception), f"--resume_from_checkpoint {partial} is incomplete or damaged (its "
                          "checkpoint.json is missing or lists files that are missing or truncated); pass an earlier "
                          "checkpoint or 'auto'")
+
+
+class CheckIsACheckpointTest(_TmpDirTest):
+    """--resume_from_checkpoint given a folder that is no checkpoint: named for what it is."""
+
+    def test_checkpoint_files_are_recognised_complete_or_not(self):
+        complete = _make_step_dir(self.root, "step-000002")
+        partial = _make_step_dir(self.root, "step-000004", complete=False)
+        with open(os.path.join(partial, checkpoint.STATE_FILE), "w", encoding="utf-8") as f:
+            f.write("{}")
+        for path in (complete, partial):
+            self.assertTrue(checkpoint.has_checkpoint_files(path), path)
+            checkpoint.check_is_a_checkpoint(path)  # no error: loading it judges whether it is whole
+        self.assertFalse(checkpoint.has_checkpoint_files(self.root))
+
+    def test_an_export_says_which_flag_takes_it(self):
+        export = os.path.join(self.root, "final")
+        os.makedirs(export)
+        with open(os.path.join(export, "config.json"), "w", encoding="utf-8") as f:
+            f.write("{}")
+        message = (f"--resume_from_checkpoint {export} is a model export, not a checkpoint (no optimizer state or "
+                   "data position): to train from its weights pass it as --model_name_or_path; to continue its "
+                   "run pass one of the run's step-NNNNNN folders, or 'auto'")
+        with self.assertRaisesRegex(UsageError, "^" + re.escape(message) + "$"):
+            checkpoint.check_is_a_checkpoint(export)
+
+    def test_a_run_folder_offers_auto_and_its_newest_checkpoint(self):
+        os.makedirs(self.out)
+        for name in ("step-000002", "step-000010", "step-000004"):
+            _make_step_dir(self.out, name)
+        newest = os.path.join(self.out, "step-000010")
+        message = (f"--resume_from_checkpoint {self.out} is a run's output folder: pass 'auto' with --output_dir "
+                   f"{self.out}, or one of its checkpoints, e.g. {newest}")
+        with self.assertRaisesRegex(UsageError, "^" + re.escape(message) + "$"):
+            checkpoint.check_is_a_checkpoint(self.out)
 
 
 class RotateCheckpointsTest(_TmpDirTest):
