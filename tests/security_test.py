@@ -177,10 +177,12 @@ class SecretNameTest(parameterized.TestCase):
         hints = typing.get_type_hints(config_class)
         text = [field.name for field in dataclasses.fields(config_class) if hints[field.name] in (str, str | None)]
         self.assertContainsSubset(["tokenizer_name", "output_dir"], text)
-        config = config_class(**{name: f"value-of-{name}" for name in text})
-        logged = config_for_trackers(config, environ={"HF_TOKEN": "hf_secretvalue"})
-        self.assertEqual([name for name, value in logged.items() if value == REDACTED], [])
-        self.assertEqual(logged["tokenizer_name"], "value-of-tokenizer_name")
+        # The two sources of a model are refused together (ModelConfig.check_model_flags): one each time.
+        for left_out in ("config_name", "model_name_or_path"):
+            config = config_class(**{name: f"value-of-{name}" for name in text if name != left_out})
+            logged = config_for_trackers(config, environ={"HF_TOKEN": "hf_secretvalue"})
+            self.assertEqual([name for name, value in logged.items() if value == REDACTED], [])
+            self.assertEqual(logged["tokenizer_name"], "value-of-tokenizer_name")
 
 
 if __name__ == "__main__":
