@@ -346,6 +346,15 @@ class LoadTestSplitsTest(fixtures.TempDirTestCase):
         with self.assertRaisesRegex(UsageError, r"^--do_predict reads the test files from --data_dir"):
             submission.load_test_splits(no_hub)
 
+    def test_hub_test_split_errors_name_the_dataset(self):
+        # Its configuration too: MNLI's diagnostic rows come from another one (ax) than its test rows.
+        def load(path, name, split, trust_remote_code):
+            return datasets.Dataset.from_dict({"premise": ["p"], "label": [-1], "idx": [0]})
+
+        with mock.patch.object(submission.data, "load_hub_split", load), self.assertRaisesRegex(
+                UsageError, r"^test_matched split \(nyu-mll/glue/mnli\) has no column 'hypothesis'"):
+            submission.load_test_splits(get_entry("glue", "mnli"))
+
     def test_hub_splits_run_no_remote_code_unless_asked(self):
         flags = []
 
