@@ -95,3 +95,8 @@ def attention_ops(prof) -> dict[str, int]:
     forward and backward (aten::_scaled_dot_product_efficient_attention, aten::_efficient_attention_backward,
     aten::_scaled_dot_product_attention_math...): which kernel the device chose."""
     return {e.key: e.count for e in prof.key_averages() if "scaled_dot_product" in e.key or "_attention" in e.key}
+
+
+def describe_attention(ops: dict[str, int]) -> str:
+    """attention_ops as the reports print it, after "attention ran as: "."""
+    return ", ".join(f"{op} x{calls}" for op, calls in ops.items()) or "no SDPA op (eager attention)"

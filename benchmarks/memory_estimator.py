@@ -44,7 +44,7 @@ import time
 
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import REPO, child_main, rss_kib, run_child  # noqa: E402
-from _step_timing import attention_ops  # noqa: E402
+from _step_timing import attention_ops, describe_attention  # noqa: E402
 MIB = 1 << 20
 SMALL, TINY, V11_SMALL = "configs/t5-small.json", "configs/t5-tiny.json", "configs/t5-v1_1-small.json"
 BASE = "configs/t5-base.json"
@@ -328,8 +328,7 @@ def main(argv=None) -> list[dict]:
     print(format_table([_shown(row) for row in rows]))
     within = sum(abs(row["error %"]) <= 15 for row in rows)
     print(f"\n{within} of {len(rows)} within 15% of measured ({args.device}, {args.steps} steps each)")
-    for kernels in sorted({", ".join(f"{op} x{n}" for op, n in row["saved"]["attention_ops"].items())
-                           for row in rows}):
+    for kernels in sorted({describe_attention(row["saved"]["attention_ops"]) for row in rows}):
         print(f"attention ran as: {kernels}")
     if args.output:
         write_json(args.output, {"device": args.device, "steps": args.steps, "rows": rows})

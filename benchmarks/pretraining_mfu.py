@@ -63,7 +63,7 @@ import statistics
 # _harness first: importing it puts the repository root on the path for the project's modules.
 from _harness import REPO  # noqa: E402
 from _flops import analytic_flops, check_flops  # noqa: E402
-from _step_timing import matmul_peak, profile_step, time_steps  # noqa: E402
+from _step_timing import describe_attention, matmul_peak, profile_step, time_steps  # noqa: E402
 
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
@@ -244,8 +244,7 @@ def print_report(per_batch: list[dict], peak: float, peak_by_shape: dict, busy_p
           "step; top ops:")
     print(reporting.format_table([{"op": o["op"], "self ms": o["self_ms"], "share": f"{100 * o['share']:.1f}%",
                                    "calls": o["calls"]} for o in profile["top_ops"]]))
-    print("attention ran as: " + (", ".join(f"{op} x{calls}" for op, calls in profile["attention_ops"].items())
-                                  or "no SDPA op (eager attention)"))
+    print(f"attention ran as: {describe_attention(profile['attention_ops'])}")
     if variants:
         print(f"\nalternatives, interleaved, batch {variants['batch_size']}:")
         print(reporting.format_table([{"setup": name, "s/step (median)": round(v["step_seconds_median"], 3),

@@ -229,8 +229,8 @@ def given_flags(parser: HfArgumentParser, words: Sequence[str]) -> frozenset[str
     flags leave it nothing to do: a value alone cannot tell a typed default from an untouched one.
     """
     fields = {option: action.dest for action in parser._actions for option in action.option_strings}
-    return frozenset(fields[word.split("=", 1)[0]] for word in words
-                     if word.startswith("--") and word.split("=", 1)[0] in fields)
+    names = (flag_words.flag_name(word) for word in words if word.startswith("--"))
+    return frozenset(fields[name] for name in names if name in fields)
 
 
 RESOLVED = "resolved_"

@@ -43,8 +43,8 @@ def load_splits(
                                                    entry.eval_splits[0]: validation_file}.items() if path}
         raw = {split: read_table_file(path, split, required_columns(entry)) for split, path in sources.items()}
     elif data_dir:
-        raw = _read_local_files(entry, data_dir, wanted)
-        sources = {split: os.path.join(data_dir, entry.local.splits[split]) for split in wanted}
+        sources = _local_files(entry, data_dir, wanted)
+        raw = {split: read_original_file(path, entry.local) for split, path in sources.items()}
     elif entry.package_corpus:
         raw = _read_package_corpus(entry, entry.package_corpus)
     elif entry.hub_path:
@@ -80,13 +80,13 @@ def canonical(entry: TaskEntry, ds: datasets.Dataset, split: str, *, keep: Seque
                   features=features, desc=f"checking {split} labels")
 
 
-def _read_local_files(entry: TaskEntry, data_dir: str, splits: Sequence[str]) -> dict[str, datasets.Dataset]:
+def _local_files(entry: TaskEntry, data_dir: str, splits: Sequence[str]) -> dict[str, str]:
+    """Each split's original file in --data_dir, by the entry's layout."""
     if not os.path.isdir(data_dir):
         raise UsageError(f"--data_dir {data_dir!r} is not a directory; point it at the folder with the task's files")
     if entry.local is None:
         raise UsageError("this task has no local file layout: pass --train_file/--validation_file instead of --data_dir")
-    return {split: read_original_file(os.path.join(data_dir, entry.local.splits[split]), entry.local)
-            for split in splits}
+    return {split: os.path.join(data_dir, entry.local.splits[split]) for split in splits}
 
 
 def _read_package_corpus(entry: TaskEntry, corpus: PackageCorpus) -> dict[str, datasets.Dataset]:

@@ -12,6 +12,11 @@ import yaml
 from t5_training.errors import UsageError
 
 
+def flag_name(word: str) -> str:
+    """The flag a word names: `--lr=3e-4` (how a W&B agent passes values) and `--lr` alike."""
+    return word.split("=", 1)[0]
+
+
 def join_repeated_lists(words: list[str], lists: dict[str, str]) -> list[str]:
     """`--train_file a --train_file b` as `--train_file a b`: every value of a list flag given more
     than once on the command line, where it first stands. argparse would keep the last alone, and a
@@ -20,7 +25,7 @@ def join_repeated_lists(words: list[str], lists: dict[str, str]) -> list[str]:
     (--train_file, --train-file) to its field. An occurrence without values is left for argparse to refuse."""
     occurrences: list[tuple[str | None, list[str]]] = []  # (a list flag, its values), or (None, other words)
     for word in words:
-        name = word.split("=", 1)[0]
+        name = flag_name(word)
         if word.startswith("--") and name in lists:
             occurrences.append((name, [word.split("=", 1)[1]] if "=" in word else []))
         elif not word.startswith("--") and occurrences and occurrences[-1][0] is not None:
@@ -84,7 +89,7 @@ def file_to_words(path: str) -> list[str]:
 def refuse_unknown(words: Sequence[str], known: list[str], where: str) -> None:
     """An unknown or misspelt flag among `words`, in one line naming the closest known flag."""
     for word in words:
-        flag = word.split("=", 1)[0]
+        flag = flag_name(word)
         if flag.startswith("--") and flag not in known:
             close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]}?" if close else "; run with --help to list the flags"

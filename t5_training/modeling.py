@@ -127,17 +127,17 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
     `overrides` sets config attributes such as dropout_rate.
     """
     overrides = dict(overrides or {})
+    config_path = resolve_config_name(config_name) if config_name else None
     if model_name_or_path:
         check_local_path(model_name_or_path, "--model_name_or_path")
-    elif config_name:
-        check_local_path(resolve_config_name(config_name), "--config_name")
+    elif config_path:
+        check_local_path(config_path, "--config_name")
     try:
         if model_name_or_path:
             model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code,
                                                           **overrides)
         elif config_name:
-            config = AutoConfig.from_pretrained(resolve_config_name(config_name), trust_remote_code=trust_remote_code,
-                                                **overrides)
+            config = AutoConfig.from_pretrained(config_path, trust_remote_code=trust_remote_code, **overrides)
             check_shape(config, config_name)
             config.vocab_size = -(-len(tokenizer) // 8) * 8
             config.pad_token_id = tokenizer.pad_token_id

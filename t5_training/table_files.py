@@ -19,6 +19,7 @@ import datasets
 
 from t5_training.entries import LocalFiles
 from t5_training.errors import UsageError
+from t5_training.text_files import scan_decoding
 
 EXTENSIONS = {".csv": ",", ".tsv": "\t", ".json": None, ".jsonl": None}
 # A cell may hold a long document; csv's default limit (128 KiB) would call it an error.
@@ -27,20 +28,14 @@ MAX_FIELD_BYTES = 64 * 2**20
 
 def scan_lines(path: str, encoding: str) -> tuple[int, UsageError | None]:
     """Counts the non-blank lines of a file, stopping with an error at the first that does not decode."""
-    # Line by line so the error can name the line: a UnicodeDecodeError's offset counts from the
-    # start of the chunk being decoded, not of the file.
-    count = 0
-    with open(path, "rb") as f:
-        for line, raw in enumerate(f, start=1):
-            try:
-                raw.decode(encoding)
-            except UnicodeDecodeError as err:
-                # "utf-8-sig" (UTF-8 that may start with a byte-order mark) is still just UTF-8 to a user.
-                name = "UTF-8" if encoding.replace("_", "-").lower().startswith("utf-8") else encoding
-                return count, UsageError(f"{path} is not {name}: line {line} has byte 0x{raw[err.start]:02x} "
-                                         f"({err.reason}); re-encode it as UTF-8")
-            count += bool(raw.strip())
-    return count, None
+    count, bad = scan_decoding(path, encoding)
+    if bad is None:
+        return count, None
+    line, byte, reason = bad
+    # "utf-8-sig" (UTF-8 that may start with a byte-order mark) is still just UTF-8 to a user.
+    name = "UTF-8" if encoding.replace("_", "-").lower().startswith("utf-8") else encoding
+    return count, UsageError(f"{path} is not {name}: line {line} has byte 0x{byte:02x} ({reason}); re-encode it "
+                             "as UTF-8")
 
 
 def read_table_file(path: str, split: str, required: Sequence[str]) -> datasets.Dataset:

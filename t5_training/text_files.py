@@ -61,14 +61,27 @@ def iter_documents(path: str, text_column: str) -> Iterator[str]:
 
 def _not_utf8(path: str) -> UsageError:
     """Names the first line that is not UTF-8 (text mode decodes whole blocks, so its error cannot)."""
+    _, bad = scan_decoding(path, "utf-8")
+    if bad:
+        number, byte, _ = bad
+        return UsageError(f"{path} line {number} is not UTF-8 text (byte {byte:#04x}); convert "
+                          "the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
+    return UsageError(f"{path} is not UTF-8 text; convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
+
+
+def scan_decoding(path: str, encoding: str) -> tuple[int, tuple[int, int, str] | None]:
+    """(the non-blank lines before the first that does not decode, (its number, its first bad byte,
+    the codec's reason) or None): line by line, because a UnicodeDecodeError's offset counts from
+    the start of the block being decoded, not of the file."""
+    count = 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                raw.decode("utf-8")
+                raw.decode(encoding)
             except UnicodeDecodeError as err:
-                return UsageError(f"{path} line {number} is not UTF-8 text (byte {raw[err.start]:#04x}); convert "
-                                  "the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
-    return UsageError(f"{path} is not UTF-8 text; convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
+                return count, (number, raw[err.start], err.reason)
+            count += bool(raw.strip())
+    return count, None
 
 
 def _json_text(path: str, number: int, line: str, text_column: str) -> str:
