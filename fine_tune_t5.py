@@ -32,7 +32,7 @@ import sys
 from accelerate.utils import set_seed
 
 from t5_training import (adapter_record, adapters, agreement, batch_size, batching, data, inference, loop, mixture,
-                         multitask, no_label, one_label, run_dir, runtime)
+                         multitask, no_label, one_label, run_dir, runtime, teardown)
 from t5_training.config import parse_config
 from t5_training.errors import run_cli
 from t5_training.fine_tune_config import FineTuneConfig
@@ -102,4 +102,4 @@ def train(accelerator, config, tasks, model, tokenizer, start_id, decodings, res
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, sys.argv[1:]))
+    teardown.exit_process(run_cli(main, sys.argv[1:]))

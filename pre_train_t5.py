@@ -16,7 +16,7 @@ import sys
 
 from accelerate.utils import set_seed
 
-from t5_training import agreement, batch_size, loop, pretrain_data, run_dir, runtime, teacher_forced
+from t5_training import agreement, batch_size, loop, pretrain_data, run_dir, runtime, teacher_forced, teardown
 from t5_training.config import parse_config
 from t5_training.errors import run_cli
 from t5_training.modeling import check_lengths, load_tokenizer_and_model
@@ -61,4 +61,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, sys.argv[1:]))
+    teardown.exit_process(run_cli(main, sys.argv[1:]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from t5_training import top_level
+from t5_training import teardown, top_level
 from t5_training.errors import run_cli
 
 
@@ -22,15 +22,15 @@ def run(name: str, argv: list[str] | None = None) -> int:
 
 
 def pretrain() -> None:
-    sys.exit(run("pre_train_t5"))
+    teardown.exit_process(run("pre_train_t5"))
 
 
 def fine_tune() -> None:
-    sys.exit(run("fine_tune_t5"))
+    teardown.exit_process(run("fine_tune_t5"))
 
 
 def demo() -> None:
-    sys.exit(run("demo"))
+    teardown.exit_process(run("demo"))
 
 
 COMMANDS = {"pretrain": "pre_train_t5", "fine-tune": "fine_tune_t5", "demo": "demo"}
@@ -47,4 +47,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    teardown.exit_process(main())

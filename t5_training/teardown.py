@@ -20,11 +20,23 @@ process with "terminate called without an active exception" if a worker still ha
 tensors: the shutting-down interpreter ends a thread that asks for the GIL, from inside a C++
 destructor that may not be unwound. So the first keep also registers the release with atexit,
 whose handlers run while threads can still take the GIL.
+
+Released is not always ended: torch may hold the group elsewhere. A module imported after the group
+was made can take it as a default argument (torch.distributed.nn.functional does, and DDP's import
+of torch._dynamo brings it in), and in the scripts' two-process runs something in C++ held it past
+the release every time, so that it was never destroyed at all (its gloo threads were still running
+at exit). A worker still freeing a finished collective's tensors when the shutdown began then aborted
+the run as above: one CI run in several hundred, after every file was written. So a process of a
+multi-process launch ends through `exit_process`, which runs the atexit handlers and then ends the
+process before the interpreter's shutdown, where no thread can be stopped inside a destructor.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import sys
+from typing import NoReturn
 
 _kept: list = []
 
@@ -59,3 +71,18 @@ def release_process_group() -> None:
 def kept_groups() -> tuple:
     """The process groups kept until `release_process_group`."""
     return tuple(_kept)
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends a script's process with exit status `code`: through the interpreter's shutdown in a
+    single process, else without it (see above), once the atexit handlers (trackers, logging,
+    temporary folders, the release above) have run and the output streams are flushed."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(code)
+    # What the shutdown would have run first. The function is private to atexit, but it is the one
+    # way to run the handlers now rather than at a shutdown that never comes.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -8,6 +8,8 @@ kept and released as the scripts do, it ends.
 The other tests check that the scripts' ends keep the group and release it after main() returns.
 """
 import os
+import subprocess
+import sys
 import tempfile
 from unittest import mock
 
@@ -121,9 +123,9 @@ sys.exit(errors.run_cli(main, sys.argv[2:]))
 """
 
 
-# main() called other than through run_cli (a user's own script, a test): nothing releases the kept
-# group before the interpreter shuts down, and its worker still holds an all-gather's tensors.
-_KEPT_AT_EXIT = """\
+# The end of both exit tests' scripts: an all-gather whose outputs only the gloo worker still
+# holds, then the group kept and destroyed.
+_PREAMBLE = """\
 import sys
 sys.path.insert(0, sys.argv[1])
 import torch
@@ -131,12 +133,35 @@ import torch.distributed as dist
 from t5_training import teardown
 
 dist.init_process_group("gloo")
+"""
+_A_WORKER_STILL_HOLDS = """\
 outputs = [torch.empty(1000) for _ in range(2)]
 dist.all_gather(outputs, torch.ones(1000), async_op=True)
 del outputs
 teardown.keep_process_group()
 dist.destroy_process_group()
 print("ended", flush=True)
+"""
+
+# main() called other than through run_cli (a user's own script, a test): nothing releases the kept
+# group before the interpreter shuts down.
+_KEPT_AT_EXIT = _PREAMBLE + _A_WORKER_STILL_HOLDS
+
+# A group torch itself holds past the release (a module imported after the group was made takes it
+# as a default argument): freed during the interpreter's shutdown, it aborted 7 of 8 such pairs
+# ending through sys.exit (torch 2.13); the scripts end through exit_process.
+_HELD_BY_TORCH = (_PREAMBLE + "import torch.distributed.nn.functional\n" + _A_WORKER_STILL_HOLDS
+                  + "teardown.exit_process(0)\n")
+
+# exit_process in one process of a launch (WORLD_SIZE=2) or alone: the atexit handlers run and
+# buffered output is written either way.
+_EXITS_WITH = """\
+import atexit, sys
+sys.path.insert(0, sys.argv[1])
+from t5_training import teardown
+atexit.register(print, "handler ran")
+sys.stdout.write("unflushed ")
+teardown.exit_process(3)
 """
 
 
@@ -147,6 +172,21 @@ class ExitTest(absltest.TestCase):
         # "terminate called without an active exception" (every run, torch 2.13).
         done = _both_end(self, _KEPT_AT_EXIT, [])
         self.assertNotIn("terminate called", done.stderr)
+
+    def test_a_group_torch_still_holds_ends_the_process_without_aborting(self):
+        done = _both_end(self, _HELD_BY_TORCH, [])
+        self.assertNotIn("terminate called", done.stderr)
+
+    def test_exit_process_runs_the_atexit_handlers_flushes_and_exits_with_the_code(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "script.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(_EXITS_WITH)
+            for world_size in ("2", "1"):
+                with self.subTest(world_size=world_size):
+                    done = subprocess.run([sys.executable, path, fixtures.REPO], capture_output=True, text=True,
+                                          env={**os.environ, "WORLD_SIZE": world_size}, timeout=120)
+                    self.assertEqual((done.returncode, done.stdout), (3, "unflushed handler ran\n"), done.stderr)
 
     def test_each_keep_makes_the_release_the_last_atexit_handler_registered(self):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
