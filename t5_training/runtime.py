@@ -103,7 +103,7 @@ def build_accelerator(config: TrainingConfig, *, shapes: int | None = None) -> A
         log_with=None if config.report_to == "none" else config.report_to,
         project_dir=config.output_dir,
         # DeepSpeed on CPU must be told gloo, or it sizes batches for one process.
-        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and _launched_distributed() else [],
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu and teardown.one_of_several_processes() else [],
         dynamo_plugin=dynamo,
     )
     _check_compile_settings_took(accelerator, dynamo)
@@ -180,10 +180,6 @@ def _check_compile_settings_took(accelerator: Accelerator, wanted: TorchDynamoPl
     if (have.backend, have.mode, have.dynamic) != (wanted.backend, wanted.mode, wanted.dynamic):
         raise UsageError(f"this process already trained with other --torch_compile settings ({have.backend.value}), "
                          "which accelerate keeps for the process's lifetime; run each training in a process of its own")
-
-
-def _launched_distributed() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def init_trackers(accelerator: Accelerator, config: TrainingConfig, project: str) -> None:

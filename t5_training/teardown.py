@@ -73,11 +73,16 @@ def kept_groups() -> tuple:
     return tuple(_kept)
 
 
+def one_of_several_processes() -> bool:
+    """Whether this process is one of a multi-process launch's (accelerate, torchrun, DeepSpeed)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def exit_process(code: int) -> NoReturn:
     """Ends a script's process with exit status `code`: through the interpreter's shutdown in a
     single process, else without it (see above), once the atexit handlers (trackers, logging,
     temporary folders, the release above) have run and the output streams are flushed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if not one_of_several_processes():
         sys.exit(code)
     # What the shutdown would have run first. The function is private to atexit, but it is the one
     # way to run the handlers now rather than at a shutdown that never comes.
