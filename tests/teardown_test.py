@@ -21,14 +21,19 @@ from t5_training import errors, runtime, teardown
 from tests import fixtures, processes
 
 
+def _written(folder: str, source: str) -> str:
+    """`source` written as script.py in `folder`; its path."""
+    path = os.path.join(folder, "script.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(source)
+    return path
+
+
 def _both_end(test, source: str, args: list[str]):
     """Runs `source` (its first argument: the checkout) as two processes, which must both print
     "ended" and exit 0 within 120 s; returns how they ended."""
     with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "script.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(source)
-        done = processes.launch_two(path, [fixtures.REPO, *args], timeout=120)
+        done = processes.launch_two(_written(folder, source), [fixtures.REPO, *args], timeout=120)
     test.assertEqual(done.returncode, 0, done.stderr[-3000:])
     test.assertEqual(done.stdout.count("ended"), 2, done.stdout)
     return done
@@ -179,9 +184,7 @@ class ExitTest(absltest.TestCase):
 
     def test_exit_process_runs_the_atexit_handlers_flushes_and_exits_with_the_code(self):
         with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "script.py")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(_EXITS_WITH)
+            path = _written(folder, _EXITS_WITH)
             for world_size in ("2", "1"):
                 with self.subTest(world_size=world_size):
                     done = subprocess.run([sys.executable, path, fixtures.REPO], capture_output=True, text=True,
