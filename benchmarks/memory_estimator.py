@@ -173,6 +173,7 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
 
     batch = _batch(job, model_config.vocab_size, device)
     model = AutoModelForSeq2SeqLM.from_config(model_config)
+    modeling.fuse_gelu(model)  # as load_model does for the scripts
     model = adapters.apply(model, _adapter_config(job)).to(device)
     for name, param in model.named_parameters():
         if memory.part_of(name) in job.get("frozen", []):

@@ -46,8 +46,8 @@ leaves out the time other processes held the cores. With --threads 1 it is exact
 threads it flatters a little, since serial stretches (Python, small ops) keep one thread busy.
 Then torch.profiler records one step and the table lists the top ops by self time. Last,
 steps of the project's setup alternate with cheap alternatives (torch's unfused AdamW, Adafactor
-stepping its tensors together and one at a time, eager instead of SDPA attention, fused RMS norms
-and GELU) at one batch size, to show what each would gain or cost.
+stepping its tensors together and one at a time, eager instead of SDPA attention, fused RMS norms,
+T5 v1.1's GELU unfused) at one batch size, to show what each would gain or cost.
 On a machine shared with other work, OMP_WAIT_POLICY=PASSIVE keeps idle OpenMP threads from
 spinning against each other and makes the timings far steadier.
 
@@ -69,7 +69,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 
 from t5_training.collators import compute_input_and_target_lengths  # noqa: E402
-from t5_training import reporting, runtime  # noqa: E402
+from t5_training import modeling, reporting, runtime  # noqa: E402
 from t5_training.config import TrainingConfig  # noqa: E402
 from t5_training.optim import build_optimizer  # noqa: E402
 
@@ -128,11 +128,11 @@ def random_batch(batch_size: int, source: int, target: int, vocab_size: int, dev
     return {name: value.to(device) for name, value in batch.items()}
 
 
-def fuse_norms_and_gelu(model) -> None:
-    """T5's RMS norms and gelu_new as one fused kernel each (F.rms_norm, F.gelu's tanh form), the
-    same formulas that transformers writes as four to eight elementwise ops, each a pass over
-    the activations: what eager mode loses to them on a GPU, which compiling also fuses away."""
-    from transformers.activations import NewGELUActivation
+def fuse_norms(model) -> None:
+    """T5's RMS norms as one fused kernel each (F.rms_norm), the same formula that transformers
+    writes as six elementwise ops, each a pass over the activations: what eager mode loses to them
+    on a GPU, which compiling also fuses away. (The gated GELU is fused in every side, as
+    load_model does for the scripts.)"""
     from transformers.models.t5.modeling_t5 import T5LayerNorm
 
     def rms_norm(self, hidden):
@@ -143,24 +143,25 @@ def fuse_norms_and_gelu(model) -> None:
     for module in model.modules():
         if isinstance(module, T5LayerNorm):
             module.forward = rms_norm.__get__(module)
-        elif isinstance(module, NewGELUActivation):
-            module.forward = lambda x: torch.nn.functional.gelu(x, approximate="tanh")
 
 
 def build(config, run_config, accelerator, attention: str | None = None, optim: str | None = None,
-          fused: bool = False):
+          fused: bool = False, gelu_as_written: bool = False):
     """A freshly initialised model (seed 0) and its optimizer, prepared by `accelerator`.
 
     By default both are what pre_train_t5.py builds (`--optim adamw_torch`: fused AdamW);
     `optim` picks another of the project's optimizers, "adamw_unfused" for torch's plain AdamW, or
     "adafactor_foreach" / "adafactor_per_tensor" for T5's Adafactor stepping its tensors together
-    (a GPU's default) or one at a time (a CPU's); `fused`, fuse_norms_and_gelu.
+    (a GPU's default) or one at a time (a CPU's); `fused`, fuse_norms; `gelu_as_written`, T5 v1.1's
+    gelu_new as transformers writes it (eight elementwise ops) instead of modeling.fuse_gelu's kernel.
     """
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(config, **({"attn_implementation": attention} if attention else {}))
     model.train()
+    if not gelu_as_written:
+        modeling.fuse_gelu(model)  # as load_model does for the scripts
     if fused:
-        fuse_norms_and_gelu(model)
+        fuse_norms(model)
     if optim == "adamw_unfused":
         optimizer = build_optimizer(model, run_config)
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
@@ -210,7 +211,9 @@ def compare_variants(args, accelerator, baseline: tuple, config, run_config, sou
                                                                          optim="adafactor_foreach"),
              "Adafactor, one tensor at a time": build(config, run_config, accelerator, optim="adafactor_per_tensor"),
              "eager attention": build(config, run_config, accelerator, attention="eager"),
-             "fused RMS norms and GELU": build(config, run_config, accelerator, fused=True)}
+             "fused RMS norms": build(config, run_config, accelerator, fused=True)}
+    if config.is_gated_act:
+        sides["GELU as transformers writes it"] = build(config, run_config, accelerator, gelu_as_written=True)
     batch = random_batch(args.variants_batch_size, source, target, config.vocab_size, accelerator.device)
     for model, optimizer in sides.values():
         time_steps(accelerator, model, optimizer, batch, args.warmup, 0)

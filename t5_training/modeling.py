@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 
+import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers.activations import NewGELUActivation
 
 from t5_training import adapter_export, checkpoint
 from t5_training.errors import UsageError
@@ -158,7 +160,26 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
     if embeddings < len(tokenizer):
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model only {embeddings} embeddings; "
                          "use the tokenizer the model was trained with")
+    fuse_gelu(model)
     return model
+
+
+def fuse_gelu(model) -> int:
+    """Runs each of transformers' `gelu_new` activations (T5 v1.1's gated GELU) as torch's one-kernel
+    tanh GELU; returns how many it swapped.
+
+    Both compute Mesh TensorFlow's gelu, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), to fp32
+    rounding. transformers writes it as eight elementwise passes over a d_ff-wide activation and
+    autograd keeps four of their results for backward; the one kernel keeps only its input. No
+    parameter or config field changes, so checkpoints and exports are those of the model as loaded.
+    """
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is NewGELUActivation:
+                setattr(parent, name, torch.nn.GELU(approximate="tanh"))
+                swapped += 1
+    return swapped
 
 
 def load_tokenizer_and_model(config, *, evaluate_only: bool = False):

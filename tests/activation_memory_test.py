@@ -7,22 +7,25 @@ import torch
 import transformers
 from absl.testing import absltest, parameterized
 
-from t5_training import adapters
+from t5_training import adapters, modeling
 from t5_training.losses import token_cross_entropy_sum
 from t5_training.tools import activation_memory, adapter_memory, memory
 from tests import fixtures
 
 
-class FormulaTest(absltest.TestCase):
+class FormulaTest(parameterized.TestCase):
 
-    def test_encoder_layer_formula_of_the_docstring(self):
-        # Per token of an encoder layer: 4 * (8d + 2 + 4i + 3f) + 12 * H * L, here with L = source.
-        cfg = fixtures.tiny_t5_config(num_layers=3)
+    @parameterized.named_parameters(("relu", "relu", 3), ("gated_gelu", "gated-gelu", 5))
+    def test_encoder_layer_formula_of_the_docstring(self, feed_forward, widths):
+        # Per token of an encoder layer: 4 * (8d + 2 + 4i + 3f) + 12 * H * L, here with L = source;
+        # 5f in place of 3f for T5 v1.1's gated GELU.
+        cfg = fixtures.tiny_t5_config(num_layers=3, feed_forward_proj=feed_forward)
         tape, stages = activation_memory.trace(cfg, batch=2, source=6, target=3,
                                                trainable=dict.fromkeys(memory.FROZEN, True), device="cpu",
                                                precision="fp32", pure16=False, checkpointing=False, padding=False)
         layer = tape.saved_by(stages.index("encoder layer 1"))
-        self.assertEqual(sum(tape.bytes[k] for k in layer), 12 * (4 * (8 * 8 + 2 + 4 * 8 + 3 * 16) + 12 * 2 * 6))
+        self.assertEqual(sum(tape.bytes[k] for k in layer),
+                         12 * (4 * (8 * 8 + 2 + 4 * 8 + widths * 16) + 12 * 2 * 6))
 
 
 def _graph_saved_bytes(loss: torch.Tensor, params: set) -> int:
@@ -64,6 +67,7 @@ class TracerMatchesAutogradTest(parameterized.TestCase):
         frozen = options.get("frozen", ())
         torch.manual_seed(0)
         model = transformers.T5ForConditionalGeneration(cfg).train()
+        modeling.fuse_gelu(model)  # as load_model does for the scripts
         for name, param in model.named_parameters():
             param.requires_grad_(memory.part_of(name) not in frozen)
         tape = _assert_tracer_matches(self, cfg, model, options,
@@ -105,7 +109,9 @@ class AdapterTracerMatchesAutogradTest(parameterized.TestCase):
         cfg = _config(**config_overrides)
         adapter_config = adapters.AdapterConfig(**{"prompt_init": "random", **adapter_flags})
         torch.manual_seed(0)
-        model = adapters.apply(transformers.T5ForConditionalGeneration(cfg), adapter_config).train()
+        model = transformers.T5ForConditionalGeneration(cfg)
+        modeling.fuse_gelu(model)
+        model = adapters.apply(model, adapter_config).train()
         layers = adapter_memory.describe(cfg, adapter_config)
         self.assertEqual(layers.trainable, {adapter_memory.base_name(n) for n, p in model.named_parameters()
                                             if p.requires_grad})

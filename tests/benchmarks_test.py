@@ -148,7 +148,26 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         self.assertEqual(sorted(results["compiled_over_eager"]), ["fine-tuning, symbolic", "fine-tuning, widths",
                                                                   "pretraining"])
 
-    def test_fused_norms_and_gelu_compute_what_transformers_does(self):
+    def test_the_project_side_runs_the_fused_gelu_and_one_side_the_written_one(self):
+        # Every side trains T5 v1.1's GELU as load_model has the scripts train it, but the one side
+        # that shows what fusing it gains.
+        import accelerate
+
+        from t5_training.config import TrainingConfig
+
+        module = load_benchmark("pretraining_mfu.py")
+        cfg = fixtures.tiny_t5_config(feed_forward_proj="gated-gelu", decoder_start_token_id=0, pad_token_id=0)
+        fixtures.reset_accelerate_state()
+        self.addCleanup(fixtures.reset_accelerate_state)
+        accelerator = accelerate.Accelerator(cpu=True)
+        run_config = TrainingConfig(output_dir="unused", max_steps=1)
+        acts = {}
+        for written in (False, True):
+            model, _ = module.build(cfg, run_config, accelerator, gelu_as_written=written)
+            acts[written] = type(model.encoder.block[0].layer[1].DenseReluDense.act).__name__
+        self.assertEqual(acts, {False: "GELU", True: "NewGELUActivation"})
+
+    def test_fused_norms_compute_what_transformers_does(self):
         # The MFU benchmark's fused variant must differ from T5's modules only in its kernels.
         from transformers import T5ForConditionalGeneration
 
@@ -162,7 +181,7 @@ class BenchmarksTest(fixtures.TempDirTestCase):
             torch.manual_seed(0)
             model = T5ForConditionalGeneration(cfg).train()
             if fused:
-                module.fuse_norms_and_gelu(model)
+                module.fuse_norms(model)
             loss = model(input_ids=ids, labels=labels).loss
             loss.backward()
             results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))

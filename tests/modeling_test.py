@@ -198,5 +198,70 @@ class GradientCheckpointingTest(absltest.TestCase):
                                    delta=fixtures.same_computation(1e-6) * checkpointed["train"]["train_loss"])
 
 
+class FusedGeluTest(absltest.TestCase):
+    """load_model runs T5 v1.1's gelu_new as one kernel (modeling.fuse_gelu): the same function,
+    fewer tensors kept for backward, and nothing about the model as saved changes."""
+
+    def _v1_1_and_transformers_own(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "v1_1.json")
+            fixtures.tiny_t5_config(feed_forward_proj="gated-gelu", d_ff=48, num_layers=2, num_decoder_layers=2,
+                                    tie_word_embeddings=False).to_json_file(path)
+            torch.manual_seed(0)
+            fused = modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+        plain = T5ForConditionalGeneration(fused.config)
+        plain.load_state_dict(fused.state_dict())
+        return fused.train(), plain.train()
+
+    @staticmethod
+    def _loss_grads_and_saved_bytes(model):
+        torch.manual_seed(1)  # one dropout mask for both models
+        saved = {}
+
+        def keep(tensor):
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            loss = model(**_batch()).loss
+        loss.backward()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, sum(
+            size for pointer, size in saved.items() if pointer not in params)
+
+    def test_same_loss_and_gradients_as_transformers_with_fewer_saved_activations(self):
+        fused, plain = self._v1_1_and_transformers_own()
+        # Two blocks a side, one gated GELU each; transformers' modules are all gone.
+        self.assertEqual(sum(isinstance(m, torch.nn.GELU) for m in fused.modules()), 4)
+        self.assertFalse(any(type(m).__name__ == "NewGELUActivation" for m in fused.modules()))
+        loss, grads, saved = self._loss_grads_and_saved_bytes(fused)
+        plain_loss, plain_grads, plain_saved = self._loss_grads_and_saved_bytes(plain)
+        # The fused kernel rounds once where transformers' eight ops round eight times: fp32 rounding,
+        # up to 1.1e-6 of a gradient's largest element here. A different formula (GELU without its
+        # tanh form) is 4.5e-5 apart in the loss and 1.3e-3 in the gradients.
+        torch.testing.assert_close(loss, plain_loss, rtol=1e-6, atol=0)
+        for name, grad in plain_grads.items():
+            scale = grad.abs().max().item()
+            torch.testing.assert_close(grads[name], grad, rtol=0, atol=4e-6 * scale, msg=name)
+        # Three d_ff-wide tensors fewer per gated GELU (tanh, x/2 and 1 + tanh): 4 layers, fp32.
+        tokens = {"encoder": 2 * 4, "decoder": 2 * 3}
+        self.assertEqual(plain_saved - saved, 3 * 48 * 4 * 2 * sum(tokens.values()))
+
+    def test_the_model_saves_and_loads_as_transformers_wrote_it(self):
+        fused, plain = self._v1_1_and_transformers_own()
+        with tempfile.TemporaryDirectory() as folder:
+            fused.save_pretrained(folder)
+            reloaded = T5ForConditionalGeneration.from_pretrained(folder)
+        self.assertEqual(reloaded.config.dense_act_fn, "gelu_new")
+        self.assertEqual(type(reloaded.decoder.block[0].layer[2].DenseReluDense.act).__name__, "NewGELUActivation")
+        for name, value in plain.state_dict().items():
+            torch.testing.assert_close(reloaded.state_dict()[name], value, rtol=0, atol=0, msg=name)
+
+    def test_a_relu_model_is_left_alone(self):
+        model = fixtures.tiny_model()
+        self.assertEqual(modeling.fuse_gelu(model), 0)
+        self.assertIsInstance(model.encoder.block[0].layer[1].DenseReluDense.act, torch.nn.ReLU)
+
+
 if __name__ == "__main__":
     absltest.main()

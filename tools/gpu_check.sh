@@ -86,7 +86,7 @@ TESTS_S=${TESTS_S:-140} BENCH_S=${BENCH_S:-165} MFU_S=${MFU_S:-55} MEMORY_S=${ME
 COMPILED_MFU_S=${COMPILED_MFU_S:-85} COMPILED_BENCH_S=${COMPILED_BENCH_S:-240} VARIANTS_S=${VARIANTS_S:-110}
 # Which parts run: by default the test subset and the uncompiled goals; a second call on the
 # still-warm machine runs PARTS="compiled_mfu compiled_throughput", and where device time is left,
-# PARTS=mfu_variants (eager alternatives interleaved, the fused norms and GELU among them).
+# PARTS=mfu_variants (eager alternatives interleaved, the fused norms among them).
 PARTS=${PARTS:-tests throughput mfu memory}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 
@@ -134,7 +134,7 @@ if part compiled_mfu; then
 fi
 
 # T5 v1.1-base eager against its alternatives (benchmarks/pretraining_mfu.py compare_variants), three
-# rounds at batch 64: whether fusing the norms and GELU is worth doing in eager mode.
+# rounds at batch 64: whether fusing the norms is worth doing in eager mode.
 if part mfu_variants; then
     timeout "$VARIANTS_S" python3 benchmarks/pretraining_mfu.py --model_config configs/t5-v1_1-base.json \
         --input_length 512 --batch_sizes 64 --steps 2 --variant_rounds 3 --mixed_precision bf16 \

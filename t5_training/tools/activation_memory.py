@@ -20,8 +20,9 @@ d_kv, f = d_ff, H = heads, L = keys attended):
     decoder layer  the same with a cross-attention sublayer: +4 * (4d + 1 + 2i) + 12 * H * source
         per target token, and k, v of the encoder output (2 * source * i * 4 per layer).
 
-Variants follow the code: ReLU becomes gated-GELU (8f instead of 3f) in T5 v1.1; dropout 0 saves
-no masks; CUDA keeps 1-byte dropout masks and runs memory-efficient attention (q, k, v, output and
+Variants follow the code: ReLU becomes gated-GELU in T5 v1.1 (5f instead of 3f: the GELU's input,
+both factors of the gate, its dropout mask and the dropped values; `modeling.fuse_gelu` runs the
+GELU as one kernel); dropout 0 saves no masks; CUDA keeps 1-byte dropout masks and runs memory-efficient attention (q, k, v, output and
 the bias, no L x L probabilities); autocast saves 16-bit copies of each matmul's input and weight
 while norms, the residual stream and softmax stay fp32. Outside the layers: the embedding lookups,
 the final norms and, for the loss, the fp32 log-probabilities (target tokens x vocabulary), which
@@ -134,7 +135,7 @@ class _Forward:
         ff = f"{name}.layer.{2 if cross else 1}.DenseReluDense"
         h = tape.layer_norm(x, self.batch * length, tr)
         if self.cfg.is_gated_act:
-            y = tape.mul(tape.gelu_new(self.linear(f"{ff}.wi_0", h, d, d_ff, tr)),
+            y = tape.mul(tape.gelu(self.linear(f"{ff}.wi_0", h, d, d_ff, tr)),
                          self.linear(f"{ff}.wi_1", h, d, d_ff, tr))
         else:
             y = tape.relu(self.linear(f"{ff}.wi", h, d, d_ff, tr))

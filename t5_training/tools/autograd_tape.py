@@ -93,13 +93,11 @@ class Tape:
         self.node([(out, x.rg)], [out, x])
         return out
 
-    def gelu_new(self, x: Storage) -> Storage:
-        """0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))): saves x, tanh, 0.5x and (1 + tanh).
-        CUDA autocast runs pow in fp32, which carries the rest of the formula to fp32."""
-        wide = 4 if self.autocast and not self.cpu else x.itemsize
-        half, tanh, one_plus = (self.new(x.numel, size, x.rg) for size in (x.itemsize, wide, wide))
-        out = self.new(x.numel, wide, x.rg)
-        self.node([(self.cast(x, wide), x.rg), (tanh, x.rg), (half, x.rg), (one_plus, x.rg)], [out, x])
+    def gelu(self, x: Storage) -> Storage:
+        """torch's tanh GELU, as `modeling.fuse_gelu` runs T5 v1.1's gelu_new: one kernel that saves
+        its input and returns x's dtype (autocast leaves it alone)."""
+        out = self.new(x.numel, x.itemsize, x.rg)
+        self.node([(x, x.rg)], [out, x])
         return out
 
     def attention(self, q: Storage, k: Storage, v: Storage, bias: Storage, *, batch: int, heads: int, queries: int, keys: int) -> Storage:
