@@ -9,7 +9,7 @@ Each configuration runs in a fresh Python process, so that no run inherits anoth
    resident so far (mlockall, MCL_ONFAULT: reclaim under memory pressure cannot lower RSS in the
    middle of a run), reset the kernel's peak-RSS counter (`echo 5 > /proc/self/clear_refs`) and
    read the resident set size;
-3. build the model (`AutoModelForSeq2SeqLM.from_config`) and the optimizer as
+3. build the model as the scripts do (`t5_training.modeling.fresh_model`) and the optimizer as
    `t5_training.optim.build_optimizer` does, then run `--steps` full steps on one synthetic batch:
    forward under the run's precision, the fp32 cross entropy of `losses.token_cross_entropy_sum`,
    backward, gradient clipping, optimizer.step(), zero_grad(set_to_none=True);
@@ -165,15 +165,13 @@ def _train(model_config, job: dict, steps: int, device: str, after_step=lambda: 
     """Builds the model and optimizer and runs `steps` training steps, as the training loop does;
     with `census`, one more step records what autograd saves (SavedTensors), which it returns."""
     import torch
-    from transformers import AutoModelForSeq2SeqLM
 
     from t5_training import adapters, losses, modeling, optim
     from t5_training.config import TrainingConfig
     from t5_training.tools import memory
 
     batch = _batch(job, model_config.vocab_size, device)
-    model = AutoModelForSeq2SeqLM.from_config(model_config)
-    modeling.fuse_gelu(model)  # as load_model does for the scripts
+    model = modeling.fresh_model(model_config)  # as load_model builds it for the scripts
     model = adapters.apply(model, _adapter_config(job)).to(device)
     for name, param in model.named_parameters():
         if memory.part_of(name) in job.get("frozen", []):

@@ -158,8 +158,9 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(config, **({"attn_implementation": attention} if attention else {}))
     model.train()
+    modeling.untie_output_layer(model)  # as load_model does for the scripts
     if not gelu_as_written:
-        modeling.fuse_gelu(model)  # as load_model does for the scripts
+        modeling.fuse_gelu(model)
     if fused:
         fuse_norms(model)
     if optim == "adamw_unfused":

@@ -8,10 +8,11 @@ from t5_training.errors import UsageError
 
 
 def _tied_head(model) -> bool:
-    """True when the output layer shares its weight with the input embedding (T5's, under transformers 5)."""
+    """True when the output layer shares its weight with the input embedding (T5 1.0's). Not the
+    config's flag: transformers 5 sets tie_word_embeddings on every T5, T5 v1.1's whose output
+    layer is its own (a pretrained one, or a fresh one: modeling.untie_output_layer) included."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    return head is not None and (head.weight is embedding.weight or
-                                 bool(getattr(model.config, "tie_word_embeddings", False)))
+    return head is not None and head.weight is embedding.weight
 
 
 def _linear_names(model) -> set[str]:

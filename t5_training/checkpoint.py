@@ -265,9 +265,22 @@ def load_checkpoint(accelerator, path: str, state, scheduler=None, *, trainable_
     except UsageError:
         raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:
+        if str(err).startswith("Error(s) in loading state_dict"):
+            raise UsageError(another_model(path, str(err))) from None
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {reason[:200]}); it is "
                          "damaged: pass an earlier checkpoint, or 'auto' after deleting this one") from None
+
+
+def another_model(path: str, error: str) -> str:
+    """The line for a checkpoint whose model's tensors are not this run's (torch's load_state_dict
+    `error`): the checkpoint is whole, the run builds another model."""
+    detail = " ".join(line.strip() for line in error.splitlines()[1:] if line.strip()).rstrip(". ")
+    hint = "resume with the flags that wrote it (--config_name, --peft and the like)"
+    if detail == 'Missing key(s) in state_dict: "lm_head.weight"':
+        hint = ("it was written before this project gave T5 v1.1's output layer weights of its own (as Google's T5 "
+                "v1.1 has): finish that run with the version that started it, or start afresh")
+    return f"checkpoint {path} holds another model than this run builds ({detail[:200]}): {hint}"
 
 
 def rotate_checkpoints(output_dir: str, keep: int, keep_step: int | None = None) -> None:

@@ -145,7 +145,7 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
             config.pad_token_id = tokenizer.pad_token_id
             config.eos_token_id = tokenizer.eos_token_id
             config.decoder_start_token_id = tokenizer.pad_token_id
-            model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=trust_remote_code)
+            model = fresh_model(config, trust_remote_code=trust_remote_code)
         else:
             raise UsageError("no model: pass --model_name_or_path (pretrained) or --config_name (from scratch)")
     except (OSError, ValueError, StrictDataclassError) as err:
@@ -162,6 +162,41 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
                          "use the tokenizer the model was trained with")
     fuse_gelu(model)
     return model
+
+
+def fresh_model(config, *, trust_remote_code: bool = False):
+    """A randomly initialised model shaped by `config`, as the scripts train it: T5 v1.1's output
+    layer apart and drawn as Google draws it (`untie_output_layer`), its GELU in one kernel."""
+    model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=trust_remote_code)
+    untie_output_layer(model)
+    fuse_gelu(model)
+    return model
+
+
+def untie_output_layer(model) -> bool:
+    """Gives a fresh T5 v1.1-style model (a config with `tie_word_embeddings: false`: v1.1,
+    flan-t5, mT5) an output layer of its own, drawn as Mesh TensorFlow and t5x draw theirs; returns
+    whether it did.
+
+    transformers 5 reads that flag only as "do not scale the decoder's output" and ties the output
+    layer to the input embedding regardless (its pretrained v1.1 checkpoints load apart because
+    their two tensors differ). Left so, a fresh v1.1 would share one matrix between input and
+    output, which v1.1 does not, and its logits would start about sqrt(d_model) times too large:
+    the embedding is drawn with std 1.0, while Google draws the output layer as its other dense
+    layers, a normal truncated at 2 std with std initializer_factor / sqrt(d_model).
+    """
+    config = model.config
+    if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
+        return False  # T5 1.0 and T5-style configs: one matrix, the output scaled by d_model ** -0.5
+    head = model.get_output_embeddings()
+    if head is None or head.weight is not model.get_input_embeddings().weight:
+        return False  # apart already (a model class that honours the flag)
+    std = getattr(config, "initializer_factor", 1.0) * head.in_features ** -0.5
+    weight = torch.empty_like(head.weight, requires_grad=False)
+    torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
+    head.weight = torch.nn.Parameter(weight)
+    config.tie_word_embeddings = False  # so that saving keeps both, and nothing ties them again
+    return True
 
 
 def fuse_gelu(model) -> int:

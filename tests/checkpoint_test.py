@@ -431,6 +431,39 @@ class SaveLoadTest(_TmpDirTest):
             checkpoint.load_checkpoint(accelerator, path, TrainState())
         self.assertFalse(os.path.exists(marker))
 
+    def test_a_checkpoint_of_another_model_is_named_so_not_damaged(self):
+        accelerator, model, optimizer = self._accelerated(0)
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))
+        loading = accelerate.Accelerator(cpu=True)  # a run of its own, whose one model has another last layer
+        loading.prepare(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)))
+        with self.assertRaises(UsageError) as raised:
+            checkpoint.load_checkpoint(loading, path, TrainState())
+        message = str(raised.exception)
+        self.assertIn(f"checkpoint {path} holds another model than this run builds (size mismatch for 2.weight", message)
+        self.assertTrue(message.endswith("resume with the flags that wrote it (--config_name, --peft and the like)"))
+        self.assertNotIn("damaged", message)
+        self.assertNotIn("\n", message)
+
+    def test_a_v1_1_checkpoint_with_the_output_layer_tied_says_why(self):
+        # Written when a fresh T5 v1.1 shared its output layer with the embedding (transformers 5's
+        # own construction); the model built now has an output layer apart (modeling.untie_output_layer).
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        from t5_training import modeling
+
+        config = T5Config(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
+                          relative_attention_num_buckets=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+        accelerator = accelerate.Accelerator(cpu=True)
+        accelerator.prepare(T5ForConditionalGeneration(config))
+        path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))
+        loading = accelerate.Accelerator(cpu=True)
+        loading.prepare(modeling.fresh_model(config))
+        with self.assertRaisesRegex(UsageError, r'holds another model than this run builds \(Missing key\(s\) in '
+                                    r'state_dict: "lm_head.weight"\): it was written before this project gave T5 '
+                                    r"v1.1's output layer weights of its own .*: finish that run with the version "
+                                    r"that started it, or start afresh$"):
+            checkpoint.load_checkpoint(loading, path, TrainState())
+
     def test_pickled_custom_objects_of_an_earlier_version_are_refused(self):
         accelerator, model, optimizer = self._accelerated(0)
         path = checkpoint.save_checkpoint(accelerator, self.out, TrainState(step=1))

@@ -1,4 +1,5 @@
 """Freezing components, the start-of-run model summary, and gradient checkpointing."""
+import copy
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import torch
 from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 from transformers import T5Config, T5ForConditionalGeneration
+from transformers.activations import NewGELUActivation
 
 import fine_tune_t5
 from t5_training import modeling
@@ -17,11 +19,13 @@ from t5_training.errors import UsageError
 from tests import fixtures
 
 
+# d_model 8, d_ff 16, 2 heads of 4, one layer each side, vocabulary 32.
+_TINY_SHAPE = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
+                   relative_attention_num_buckets=4, dropout_rate=0.0)
+
+
 def _tiny(tie=True):
-    # d_model 8, d_ff 16, 2 heads of 4, one layer each side, vocabulary 32.
-    config = T5Config(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
-                      relative_attention_num_buckets=4, dropout_rate=0.0,
-                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    config = T5Config(**_TINY_SHAPE, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(config)
     if not tie:
@@ -198,6 +202,55 @@ class GradientCheckpointingTest(absltest.TestCase):
                                    delta=fixtures.same_computation(1e-6) * checkpointed["train"]["train_loss"])
 
 
+class OutputLayerTest(absltest.TestCase):
+    """A fresh T5 v1.1 (tie_word_embeddings false) gets an output layer of its own, drawn as Google's
+    T5 draws it (modeling.untie_output_layer), where transformers 5 would share the embedding."""
+
+    def _load(self, **overrides):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "config.json")
+            T5Config(**{**_TINY_SHAPE, "d_model": 64, **overrides}).to_json_file(path)
+            torch.manual_seed(0)
+            return modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+
+    def test_a_v1_1_output_layer_is_apart_and_drawn_at_google_scale(self):
+        model = self._load(tie_word_embeddings=False, feed_forward_proj="gated-gelu")
+        head, shared = model.lm_head.weight, model.shared.weight
+        self.assertIsNot(head, shared)
+        # The input embeddings stay one matrix, as in every T5.
+        self.assertIs(model.encoder.embed_tokens.weight, shared)
+        self.assertIs(model.decoder.embed_tokens.weight, shared)
+        self.assertFalse(model.config.scale_decoder_outputs)
+        # Truncated at 2 std, std 64 ** -0.5 = 0.125: a truncated normal's std is 0.880 of that.
+        self.assertLessEqual(head.abs().max().item(), 2 * 0.125)
+        self.assertAlmostEqual(head.std().item(), 0.880 * 0.125, delta=0.005)
+        self.assertAlmostEqual(shared.std().item(), 1.0, delta=0.02)
+        # So the first loss is about ln(vocabulary), where the shared std-1 matrix gives several times it.
+        batch = {"input_ids": torch.randint(2, 999, (4, 16)), "labels": torch.randint(2, 999, (4, 8))}
+        vocabulary = torch.log(torch.tensor(float(model.config.vocab_size))).item()
+        self.assertLess(abs(model(**batch).loss.item() - vocabulary), 0.5)
+        as_transformers_builds_it = T5ForConditionalGeneration(T5Config(**{**model.config.to_dict(),
+                                                                         "tie_word_embeddings": False}))
+        self.assertIs(as_transformers_builds_it.lm_head.weight, as_transformers_builds_it.shared.weight)
+        self.assertGreater(as_transformers_builds_it(**batch).loss.item(), 2 * vocabulary)
+
+    def test_a_v1_1_model_saves_and_loads_with_its_output_layer_apart(self):
+        model = self._load(tie_word_embeddings=False)
+        with tempfile.TemporaryDirectory() as folder:
+            model.save_pretrained(folder)
+            reloaded = T5ForConditionalGeneration.from_pretrained(folder)
+        self.assertIsNot(reloaded.lm_head.weight, reloaded.shared.weight)
+        self.assertFalse(reloaded.config.scale_decoder_outputs)
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(reloaded.state_dict()[name], value, rtol=0, atol=0, msg=name)
+
+    def test_a_t5_1_0_model_keeps_one_scaled_matrix(self):
+        model = self._load()
+        self.assertIs(model.lm_head.weight, model.shared.weight)
+        self.assertTrue(model.config.scale_decoder_outputs)
+        self.assertFalse(modeling.untie_output_layer(model))
+
+
 class FusedGeluTest(absltest.TestCase):
     """load_model runs T5 v1.1's gelu_new as one kernel (modeling.fuse_gelu): the same function,
     fewer tensors kept for backward, and nothing about the model as saved changes."""
@@ -209,8 +262,12 @@ class FusedGeluTest(absltest.TestCase):
                                     tie_word_embeddings=False).to_json_file(path)
             torch.manual_seed(0)
             fused = modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
-        plain = T5ForConditionalGeneration(fused.config)
-        plain.load_state_dict(fused.state_dict())
+        # The same model with transformers' own GELU modules put back.
+        plain = copy.deepcopy(fused)
+        for parent in list(plain.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.GELU):
+                    setattr(parent, name, NewGELUActivation())
         return fused.train(), plain.train()
 
     @staticmethod

@@ -25,6 +25,7 @@ everything after it keeps what backward needs for its inputs (not for its frozen
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -62,14 +63,12 @@ def base_name(name: str) -> str:
 def describe(model_config, adapter_config) -> AdapterLayers:
     """`adapter_config` (a t5_training.adapters.AdapterConfig with --peft set) applied to a T5 shaped
     by `model_config`, on the meta device: no memory, exact counts."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    from t5_training import adapters
+    from t5_training import adapters, modeling
 
     # The prompt's initial values do not change its size; "random" needs no tokenizer.
     adapter_config = dataclasses.replace(adapter_config, prompt_init="random", prompt_init_text=None)
     with torch.device("meta"):
-        model = adapters.apply(AutoModelForSeq2SeqLM.from_config(model_config), adapter_config)
+        model = adapters.apply(modeling.fresh_model(copy.deepcopy(model_config)), adapter_config)
     params = dict(model.named_parameters())
     lora, dora, ia3 = {}, set(), {}
     for name, module in model.named_modules():

@@ -37,6 +37,7 @@ parameters train; `adapter_memory` puts the adapter on the meta model with peft 
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import json
 import math
@@ -46,11 +47,10 @@ from typing import Literal, Sequence
 
 import torch
 
-from t5_training import adapters
+from t5_training import adapters, modeling
 from t5_training.tools import activation_memory, adapter_memory, autograd_tape, optimizer_memory
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
-from t5_training.modeling import resolve_config_name
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 FROZEN = ("encoder", "decoder", "embeddings")
@@ -144,11 +144,10 @@ def part_of(name: str) -> str:
 
 
 def parameter_shapes(model_config) -> dict[str, tuple[int, ...]]:
-    """Every parameter's shape (tied weights once), from a model built on the meta device."""
-    from transformers import AutoModelForSeq2SeqLM
-
+    """Every parameter's shape (tied weights once), from a model built on the meta device as the
+    scripts build it (T5 v1.1's output layer apart from the embedding)."""
     with torch.device("meta"):
-        model = AutoModelForSeq2SeqLM.from_config(model_config)
+        model = modeling.fresh_model(copy.deepcopy(model_config))
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
@@ -172,7 +171,7 @@ def estimate(model_config, *, batch_size: int, source_length: int, target_length
         device=device, precision=precision, pure16=pure16, checkpointing=gradient_checkpointing, padding=padding,
         adapters=adapter)
     shapes = adapter.shapes if adapter else parameter_shapes(model_config)
-    tied = model_config.tie_word_embeddings
+    tied = "lm_head.weight" not in shapes
     stage_of = {name: activation_memory.gradient_stage(name, stages, tied) for name in shapes}
     learn = [name for name in shapes if (name in adapter.trainable if adapter else trainable[part_of(name)])]
     n_params, n_learn = sum(math.prod(s) for s in shapes.values()), sum(math.prod(shapes[n]) for n in learn)
@@ -234,7 +233,7 @@ def load_model_config(name: str, dropout_rate: float | None = None, vocab_size: 
     overrides = {key: value for key, value in (("dropout_rate", dropout_rate), ("vocab_size", vocab_size))
                  if value is not None}
     try:
-        config = AutoConfig.from_pretrained(resolve_config_name(name), **overrides)
+        config = AutoConfig.from_pretrained(modeling.resolve_config_name(name), **overrides)
     except (OSError, ValueError) as err:
         raise UsageError(f"could not load model config {name!r} ({str(err).splitlines()[0]}); pass a config "
                          "JSON such as configs/t5-small.json, a model folder or a hub name") from None
