@@ -6,6 +6,7 @@ randomly initialised model instead. Remote code runs only with `--trust_remote_c
 """
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -166,8 +167,9 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
 
 def fresh_model(config, *, trust_remote_code: bool = False):
     """A randomly initialised model shaped by `config`, as the scripts train it: T5 v1.1's output
-    layer apart and drawn as Google draws it (`untie_output_layer`), its GELU in one kernel."""
-    model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=trust_remote_code)
+    layer apart and drawn as Google draws it (`untie_output_layer`), its GELU in one kernel.
+    `config` itself is left as it is: the model gets a copy."""
+    model = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
     untie_output_layer(model)
     fuse_gelu(model)
     return model

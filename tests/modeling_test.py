@@ -244,6 +244,18 @@ class OutputLayerTest(absltest.TestCase):
         for name, value in model.state_dict().items():
             torch.testing.assert_close(reloaded.state_dict()[name], value, rtol=0, atol=0, msg=name)
 
+    def test_the_callers_config_is_left_as_it_was(self):
+        # A second model, or the memory estimator's meta model, built from the same config after a
+        # first must have the same layout: one input embedding, an output layer apart.
+        from t5_training.tools import memory
+
+        config = T5Config(**_TINY_SHAPE, tie_word_embeddings=False)
+        modeling.fresh_model(config)
+        self.assertTrue(config.tie_word_embeddings)
+        shapes = memory.parameter_shapes(config)
+        self.assertIn("lm_head.weight", shapes)
+        self.assertNotIn("encoder.embed_tokens.weight", shapes)
+
     def test_a_t5_1_0_model_keeps_one_scaled_matrix(self):
         model = self._load()
         self.assertIs(model.lm_head.weight, model.shared.weight)

@@ -25,7 +25,6 @@ everything after it keeps what backward needs for its inputs (not for its frozen
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -68,7 +67,7 @@ def describe(model_config, adapter_config) -> AdapterLayers:
     # The prompt's initial values do not change its size; "random" needs no tokenizer.
     adapter_config = dataclasses.replace(adapter_config, prompt_init="random", prompt_init_text=None)
     with torch.device("meta"):
-        model = adapters.apply(modeling.fresh_model(copy.deepcopy(model_config)), adapter_config)
+        model = adapters.apply(modeling.fresh_model(model_config), adapter_config)
     params = dict(model.named_parameters())
     lora, dora, ia3 = {}, set(), {}
     for name, module in model.named_modules():

@@ -37,7 +37,6 @@ parameters train; `adapter_memory` puts the adapter on the meta model with peft 
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import json
 import math
@@ -147,7 +146,7 @@ def parameter_shapes(model_config) -> dict[str, tuple[int, ...]]:
     """Every parameter's shape (tied weights once), from a model built on the meta device as the
     scripts build it (T5 v1.1's output layer apart from the embedding)."""
     with torch.device("meta"):
-        model = modeling.fresh_model(copy.deepcopy(model_config))
+        model = modeling.fresh_model(model_config)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
