@@ -66,7 +66,7 @@ from _flops import analytic_flops, check_flops  # noqa: E402
 from _step_timing import describe_attention, matmul_peak, profile_step, time_steps  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
 
 from t5_training.collators import compute_input_and_target_lengths  # noqa: E402
 from t5_training import modeling, reporting, runtime  # noqa: E402
@@ -145,6 +145,16 @@ def fuse_norms(model) -> None:
             module.forward = rms_norm.__get__(module)
 
 
+def unfuse_gelu(model) -> None:
+    """transformers' own gelu_new modules back where modeling.fuse_gelu put torch's kernel."""
+    from transformers.activations import NewGELUActivation
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.GELU):
+                setattr(parent, name, NewGELUActivation())
+
+
 def build(config, run_config, accelerator, attention: str | None = None, optim: str | None = None,
           fused: bool = False, gelu_as_written: bool = False):
     """A freshly initialised model (seed 0) and its optimizer, prepared by `accelerator`.
@@ -156,11 +166,11 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
     gelu_new as transformers writes it (eight elementwise ops) instead of modeling.fuse_gelu's kernel.
     """
     torch.manual_seed(0)
-    model = AutoModelForSeq2SeqLM.from_config(config, **({"attn_implementation": attention} if attention else {}))
+    # As load_model builds it for the scripts; fresh_model copies `config`, which every side shares.
+    model = modeling.fresh_model(config, **({"attn_implementation": attention} if attention else {}))
     model.train()
-    modeling.untie_output_layer(model)  # as load_model does for the scripts
-    if not gelu_as_written:
-        modeling.fuse_gelu(model)
+    if gelu_as_written:
+        unfuse_gelu(model)
     if fused:
         fuse_norms(model)
     if optim == "adamw_unfused":

@@ -266,13 +266,13 @@ def load_checkpoint(accelerator, path: str, state, scheduler=None, *, trainable_
         raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:
         if str(err).startswith("Error(s) in loading state_dict"):
-            raise UsageError(another_model(path, str(err))) from None
+            raise UsageError(_another_model(path, str(err))) from None
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {reason[:200]}); it is "
                          "damaged: pass an earlier checkpoint, or 'auto' after deleting this one") from None
 
 
-def another_model(path: str, error: str) -> str:
+def _another_model(path: str, error: str) -> str:
     """The line for a checkpoint whose model's tensors are not this run's (torch's load_state_dict
     `error`): the checkpoint is whole, the run builds another model."""
     detail = " ".join(line.strip() for line in error.splitlines()[1:] if line.strip()).rstrip(". ")

@@ -139,6 +139,7 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
         if model_name_or_path:
             model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code,
                                                           **overrides)
+            fuse_gelu(model)  # fresh_model does it for a model built from a config
         elif config_name:
             config = AutoConfig.from_pretrained(config_path, trust_remote_code=trust_remote_code, **overrides)
             check_shape(config, config_name)
@@ -161,15 +162,16 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
     if embeddings < len(tokenizer):
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model only {embeddings} embeddings; "
                          "use the tokenizer the model was trained with")
-    fuse_gelu(model)
     return model
 
 
-def fresh_model(config, *, trust_remote_code: bool = False):
+def fresh_model(config, *, trust_remote_code: bool = False, **from_config_kwargs):
     """A randomly initialised model shaped by `config`, as the scripts train it: T5 v1.1's output
     layer apart and drawn as Google draws it (`untie_output_layer`), its GELU in one kernel.
-    `config` itself is left as it is: the model gets a copy."""
-    model = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
+    `config` itself is left as it is: the model gets a copy. Other keyword arguments (such as
+    attn_implementation) go to transformers' from_config."""
+    model = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code,
+                                              **from_config_kwargs)
     untie_output_layer(model)
     fuse_gelu(model)
     return model

@@ -17,6 +17,7 @@ import sys
 from unittest import mock
 
 import torch
+import transformers
 from absl.testing import absltest
 
 from t5_training.errors import UsageError
@@ -156,7 +157,11 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         from t5_training.config import TrainingConfig
 
         module = load_benchmark("pretraining_mfu.py")
-        cfg = fixtures.tiny_t5_config(feed_forward_proj="gated-gelu", decoder_start_token_id=0, pad_token_id=0)
+        # A v1.1 config as a JSON file gives it: the flag false, which transformers 5 reads as "unscaled".
+        cfg = transformers.T5Config(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1,
+                                    num_decoder_layers=1, relative_attention_num_buckets=4,
+                                    feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                                    decoder_start_token_id=0, pad_token_id=0)
         fixtures.reset_accelerate_state()
         self.addCleanup(fixtures.reset_accelerate_state)
         accelerator = accelerate.Accelerator(cpu=True)
@@ -165,6 +170,9 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         for written in (False, True):
             model, _ = module.build(cfg, run_config, accelerator, gelu_as_written=written)
             acts[written] = type(model.encoder.block[0].layer[1].DenseReluDense.act).__name__
+            # Every side, the second built from the same config too, has the scripts' layout.
+            self.assertIs(model.encoder.embed_tokens.weight, model.shared.weight)
+            self.assertIsNot(model.lm_head.weight, model.shared.weight)
         self.assertEqual(acts, {False: "GELU", True: "NewGELUActivation"})
 
     def test_fused_norms_compute_what_transformers_does(self):
