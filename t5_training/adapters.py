@@ -273,7 +273,7 @@ def _fresh_copy(model, state_dict: dict, *, merged: bool):
     import peft
 
     base = model.get_base_model()
-    copy = peft.get_peft_model(type(base)(base.config), model.active_peft_config)
+    copy = _share_like(peft.get_peft_model(type(base)(base.config), model.active_peft_config), model)
     result = copy.load_state_dict(state_dict, strict=False)
     # A tied weight (T5's shared embedding and output layer) may be stored under one of its names only.
     loaded = {id(p) for name, p in copy.named_parameters(remove_duplicate=False) if name in state_dict}
@@ -285,3 +285,22 @@ def _fresh_copy(model, state_dict: dict, *, merged: bool):
     if is_prompt_tuned(copy):
         return copy.get_base_model()
     return copy.merge_and_unload() if merged else copy.unload()
+
+
+def _share_like(copy, base):
+    """`copy` with its parameters shared exactly as `base` shares them. Built from a config, a
+    model's sharing follows the config's tie_word_embeddings, which need not say what `base` holds:
+    for a T5 v1.1 (False) transformers 5 would build the encoder's and decoder's embeddings apart
+    from `shared` too (an export of three equal matrices), and for a loaded one whose flag still
+    says True, its output layer would be the embedding."""
+    owners: dict[int, str] = {}
+    own: set[int] = set()
+    for name, param in base.named_parameters(remove_duplicate=False):
+        owner = owners.setdefault(id(param), name)
+        module, _, leaf = name.rpartition(".")
+        parameter = copy.get_parameter(owner)
+        if owner == name and id(parameter) in own:  # apart in base, shared in the copy
+            parameter = torch.nn.Parameter(torch.empty_like(parameter), requires_grad=parameter.requires_grad)
+        own.add(id(parameter))
+        setattr(copy.get_submodule(module), leaf, parameter)
+    return copy

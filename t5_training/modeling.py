@@ -139,7 +139,8 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
         if model_name_or_path:
             model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code,
                                                           **overrides)
-            fuse_gelu(model)  # fresh_model does it for a model built from a config
+            record_output_layer(model)
+            fuse_gelu(model)  # fresh_model does both for a model built from a config
         elif config_name:
             config = AutoConfig.from_pretrained(config_path, trust_remote_code=trust_remote_code, **overrides)
             check_shape(config, config_name)
@@ -200,6 +201,23 @@ def untie_output_layer(model) -> bool:
     torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
     head.weight = torch.nn.Parameter(weight)
     config.tie_word_embeddings = False  # so that saving keeps both, and nothing ties them again
+    return True
+
+
+def record_output_layer(model) -> bool:
+    """Sets a loaded model's `tie_word_embeddings` to False when its output layer is apart from its
+    input embedding (pretrained T5 v1.1, flan-t5, mT5, and this project's exports of them); returns
+    whether it changed the flag.
+
+    transformers 5 loads such a checkpoint's two tensors apart but leaves the flag True. Left so,
+    `tie_weights()` (FSDP2's cpu_ram_efficient_loading calls it) would replace the trained output
+    layer with the embedding, and the exported config.json would say `tie_word_embeddings: true`:
+    transformers 4 and other readers of that file would tie the two and scale the decoder's output.
+    """
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or head.weight is embedding.weight or not model.config.tie_word_embeddings:
+        return False
+    model.config.tie_word_embeddings = False
     return True
 
 

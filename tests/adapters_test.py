@@ -115,17 +115,33 @@ class CountTest(parameterized.TestCase):
         with self.assertRaisesRegex(UsageError, message):
             adapters.apply(_tiny_model(), _config(*flags))
 
-    def test_lora_on_an_untied_output_layer_merges_exactly(self):
-        torch.manual_seed(0)
-        model = modeling.load_model(None, fixtures.TINY_CONFIG, modeling.load_tokenizer(fixtures.tokenizer_dir()),
-                                    overrides={"tie_word_embeddings": False})
-        model = adapters.apply(model, _config("--peft", "lora", "--lora_target_modules", "q,lm_head")).eval()
+    @parameterized.named_parameters(("fresh", False), ("pretrained", True))
+    def test_lora_on_a_v1_1_merges_exactly(self, pretrained):
+        # T5 v1.1: one input embedding, an output layer apart. Loaded from a checkpoint, the model's
+        # config once still said "tied", and the merged copy built from it put the embedding in the
+        # output layer's place (logits off by about 2.6 here).
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "config.json")
+            fixtures.tiny_t5_config(vocab_size=1000, d_model=16, d_ff=32, feed_forward_proj="gated-gelu",
+                                    tie_word_embeddings=False).to_json_file(path)
+            torch.manual_seed(0)
+            model = modeling.load_model(None, path, tokenizer)
+            if pretrained:
+                model.save_pretrained(folder)
+                model = modeling.load_model(folder, None, tokenizer)
+        targets = "q,lm_head" if not pretrained else "q"
+        model = adapters.apply(model, _config("--peft", "lora", "--lora_target_modules", targets)).eval()
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "lora_B" in name:  # B starts at zero, which would make any merge exact
                     param.normal_(std=0.1)
         merged = adapters.merged_copy(model, model.state_dict()).eval()
+        self.assertIsNot(merged.get_output_embeddings().weight, merged.get_input_embeddings().weight)
         self.assertFalse(torch.equal(merged.get_output_embeddings().weight, merged.get_input_embeddings().weight))
+        # Its input embeddings stay one matrix, so the export holds it once, not three times.
+        self.assertIs(merged.encoder.embed_tokens.weight, merged.shared.weight)
+        self.assertIs(merged.decoder.embed_tokens.weight, merged.shared.weight)
         ids = torch.tensor([[5, 6, 7, 1]])
         start = torch.zeros((1, 2), dtype=torch.long)
         with torch.no_grad():

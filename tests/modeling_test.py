@@ -244,6 +244,35 @@ class OutputLayerTest(absltest.TestCase):
         for name, value in model.state_dict().items():
             torch.testing.assert_close(reloaded.state_dict()[name], value, rtol=0, atol=0, msg=name)
 
+    def test_a_loaded_v1_1_keeps_its_output_layer_and_says_so_in_its_export(self):
+        # Google's v1.1 checkpoints and this project's exports of them load with their output
+        # layer apart; the config must say so, or tie_weights() (FSDP2 loading calls it) would put
+        # the embedding in its place and the next export would tell transformers 4 to tie them.
+        fresh = self._load(tie_word_embeddings=False, feed_forward_proj="gated-gelu")
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+            fresh.save_pretrained(first)
+            loaded = modeling.load_model(first, None, tokenizer)
+            self.assertFalse(loaded.config.tie_word_embeddings)
+            loaded.tie_weights()
+            self.assertIsNot(loaded.lm_head.weight, loaded.shared.weight)
+            torch.testing.assert_close(loaded.lm_head.weight, fresh.lm_head.weight, rtol=0, atol=0)
+            loaded.save_pretrained(second)
+            with open(os.path.join(second, "config.json"), encoding="utf-8") as saved:
+                self.assertIs(json.load(saved)["tie_word_embeddings"], False)
+            again = modeling.load_model(second, None, tokenizer)
+        self.assertFalse(again.config.scale_decoder_outputs)
+        self.assertIsNot(again.lm_head.weight, again.shared.weight)
+        self.assertFalse(modeling.record_output_layer(again))
+
+    def test_a_loaded_t5_1_0_stays_tied(self):
+        fresh = self._load()
+        with tempfile.TemporaryDirectory() as folder:
+            fresh.save_pretrained(folder)
+            loaded = modeling.load_model(folder, None, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+        self.assertTrue(loaded.config.tie_word_embeddings)
+        self.assertIs(loaded.lm_head.weight, loaded.shared.weight)
+
     def test_the_callers_config_is_left_as_it_was(self):
         # A second model, or the memory estimator's meta model, built from the same config after a
         # first must have the same layout: one input embedding, an output layer apart.
