@@ -17,7 +17,7 @@ from transformers import AutoConfig, T5ForConditionalGeneration
 
 import fine_tune_t5
 import pre_train_t5
-from t5_training import denoisers, loop, pretrain_data, run_dir
+from t5_training import denoisers, loop, modeling, pretrain_data, run_dir
 from t5_training.config import config_to_dict
 from t5_training.errors import UsageError
 from tests import fixtures, processes
@@ -347,16 +347,18 @@ class ConfigsTest(parameterized.TestCase):
         self.assertEqual([r / sum(rates) for r in rates], list(denoisers.UL2_RATES))
 
     @parameterized.named_parameters(
-        # Parameter counts of the published models (embeddings 32128 x d_model, counted once).
+        # Parameter counts of the published models, built as the scripts build them: T5 1.0's
+        # embedding is its output layer (32128 x d_model, counted once); v1.1's output layer is a
+        # second such matrix (google/t5-v1_1-small: 76,961,152).
         ("t5_small", "t5-small", 60_506_624),
         ("t5_base", "t5-base", 222_903_552),
-        ("t5_v1_1_small", "t5-v1_1-small", 60_511_616),
+        ("t5_v1_1_small", "t5-v1_1-small", 76_961_152),
         ("t5_tiny", "t5-tiny", None),
     )
     def test_shipped_configs_build(self, name, parameters):
         config = AutoConfig.from_pretrained(os.path.join(fixtures.REPO, "configs", f"{name}.json"))
         with torch.device("meta"):
-            model = T5ForConditionalGeneration(config)
+            model = modeling.fresh_model(config)
         if parameters:
             self.assertEqual(sum(p.numel() for p in model.parameters()), parameters)
         self.assertEqual(config.decoder_start_token_id, 0)
