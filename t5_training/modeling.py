@@ -197,7 +197,10 @@ def untie_output_layer(model) -> bool:
     if head is None or head.weight is not model.get_input_embeddings().weight:
         return False  # apart already (a model class that honours the flag)
     std = getattr(config, "initializer_factor", 1.0) * head.in_features ** -0.5
-    weight = torch.empty_like(head.weight, requires_grad=False)
+    # Under DeepSpeed ZeRO-3's zero.Init the tied weight holds only this process's shard (ds_shape is
+    # the whole); the new, whole one is partitioned when DeepSpeed wraps the model.
+    shape = getattr(head.weight, "ds_shape", head.weight.shape)
+    weight = torch.empty(shape, dtype=head.weight.dtype, device=head.weight.device)
     torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
     head.weight = torch.nn.Parameter(weight)
     config.tie_word_embeddings = False  # so that saving keeps both, and nothing ties them again

@@ -209,6 +209,38 @@ class DoraZero3RefusedTest(absltest.TestCase):
             self.assertFalse(os.path.exists(out) and os.listdir(out))
 
 
+class FreshV11Zero3Test(absltest.TestCase):
+
+    def test_a_fresh_t5_v1_1_gets_its_whole_output_layer_under_zero3(self):
+        # zero.Init partitions each weight as the model is built, so the output layer that
+        # modeling.untie_output_layer gives a v1.1 must be drawn whole (it once had 0 elements, and
+        # the first forward pass failed on every process).
+        with tempfile.TemporaryDirectory() as tmp:
+            config = os.path.join(tmp, "v1_1.json")
+            fixtures.tiny_t5_config(vocab_size=1000, d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2,
+                                    num_decoder_layers=2, feed_forward_proj="gated-gelu",
+                                    tie_word_embeddings=False).to_json_file(config)
+            args = fixtures.fine_tune_args(os.path.join(tmp, "out"), *COMMON, "--per_device_train_batch_size", "4")
+            args[args.index("--config_name") + 1] = config
+            args[args.index("--max_steps") + 1] = "2"
+            command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                       os.path.join(CONFIGS, "deepspeed_zero3.yaml"), "--num_processes", "2", "--mixed_precision",
+                       "no", "--main_process_port", "0", SCRIPT, *args]
+            done = subprocess.run(command, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900,
+                                  cwd=fixtures.REPO)
+            self.assertEqual(done.returncode, 0, (done.stdout + done.stderr)[-4000:])
+            final = os.path.join(tmp, "out", "final")
+            model = T5ForConditionalGeneration.from_pretrained(final)
+            with open(os.path.join(final, "config.json"), encoding="utf-8") as saved:
+                self.assertIs(json.load(saved)["tie_word_embeddings"], False)
+        head, shared = model.lm_head.weight, model.shared.weight
+        self.assertEqual(tuple(head.shape), (1000, 32))
+        self.assertIsNot(head, shared)
+        # Two steps barely move it from its draw: std 0.880 * 32 ** -0.5 (a normal truncated at 2 std).
+        self.assertAlmostEqual(head.std().item(), 0.880 * 32 ** -0.5, delta=0.01)
+        self.assertAlmostEqual(shared.std().item(), 1.0, delta=0.05)
+
+
 class OffloadTest(_DeepSpeedCase):
 
     def test_offload_with_deepspeed_cpu_adam_trains_like_torch_adamw(self):
