@@ -141,7 +141,8 @@ class FreezeTest(parameterized.TestCase):
                     self.assertGreater(float(param.grad.abs().sum()), 0)
 
     def test_freezing_everything_is_refused(self):
-        with self.assertRaisesRegex(UsageError, "nothing to train.*drop one of --freeze_encoder"):
+        with self.assertRaisesRegex(UsageError, "^every weight is frozen, so there is nothing to train: drop one of "
+                                                "--freeze_encoder, --freeze_decoder, --freeze_embeddings$"):
             modeling.freeze(_tiny(), encoder=True, decoder=True, embeddings=True)
 
     def test_frozen_encoder_is_unchanged_by_a_run(self):
@@ -180,6 +181,23 @@ class SummaryTest(absltest.TestCase):
     def test_untied_output_layer_counts_as_embeddings(self):
         rows = {line.split()[0]: line.split()[1:] for line in modeling.model_summary(_tiny(tie=False)).splitlines()}
         self.assertEqual(rows["embeddings"][0], "512")
+
+
+    def test_an_adapter_model_counts_its_weights_where_they_sit(self):
+        import peft
+
+        # LoRA r 2 on every q (the encoder's; the decoder's self- and cross-attention): 2 x (8 + 8)
+        # each, counted with its layer; a weight outside encoder, decoder and embeddings is "other".
+        lora = peft.get_peft_model(_tiny(), peft.LoraConfig(r=2, target_modules=["q"], task_type="SEQ_2_SEQ_LM"))
+        lora.base_model.model.register_parameter("extra", torch.nn.Parameter(torch.zeros(5)))
+        rows = {line.split()[0]: line.split()[1:3] for line in modeling.model_summary(lora).splitlines()[1:-1]}
+        self.assertEqual(rows, {"embeddings": ["256", "0"], "encoder": ["576", "32"], "decoder": ["872", "64"],
+                                "other": ["5", "5"], "total": ["1,709", "101"]})
+        # Prompt tuning, 3 virtual tokens for each of the encoder and the decoder, d_model 8: 48.
+        prompt = peft.get_peft_model(_tiny(), peft.PromptTuningConfig(num_virtual_tokens=3, task_type="SEQ_2_SEQ_LM"))
+        rows = {line.split()[0]: line.split()[1:3] for line in modeling.model_summary(prompt).splitlines()[1:-1]}
+        self.assertEqual(rows, {"embeddings": ["256", "0"], "encoder": ["544", "0"], "decoder": ["808", "0"],
+                                "prompt": ["48", "48"], "total": ["1,656", "48"]})
 
 
 class GradientCheckpointingTest(absltest.TestCase):
@@ -284,6 +302,16 @@ class OutputLayerTest(absltest.TestCase):
         shapes = memory.parameter_shapes(config)
         self.assertIn("lm_head.weight", shapes)
         self.assertNotIn("encoder.embed_tokens.weight", shapes)
+
+    def test_another_encoder_decoder_keeps_its_tied_output_layer(self):
+        # A config without T5's scale_decoder_outputs (BART's) is read by its tie_word_embeddings.
+        from transformers import BartConfig
+
+        model = modeling.fresh_model(BartConfig(vocab_size=50, d_model=8, encoder_layers=1, decoder_layers=1,
+                                                encoder_attention_heads=2, decoder_attention_heads=2,
+                                                encoder_ffn_dim=16, decoder_ffn_dim=16))
+        self.assertIs(model.get_output_embeddings().weight, model.get_input_embeddings().weight)
+        self.assertFalse(modeling.untie_output_layer(model))
 
     def test_a_t5_1_0_model_keeps_one_scaled_matrix(self):
         model = self._load()
