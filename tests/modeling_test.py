@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import tempfile
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -98,6 +99,43 @@ class LoadErrorsTest(parameterized.TestCase):
         with self.assertRaisesRegex(UsageError, f"^could not load model {re.escape(repr(path))}: Validation error "
                                                 "for field 'd_ff': .*expected int, got float \\(value: 1.5\\)$"):
             modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
+
+    def test_no_model_named_is_one_line(self):
+        with self.assertRaisesWithLiteralMatch(UsageError, "no model: pass --model_name_or_path (pretrained) or "
+                                                           "--config_name (from scratch)"):
+            modeling.load_model(None, None, None)
+
+    def test_a_config_that_does_not_parse_is_named_with_its_first_line(self):
+        path = self._shape({})
+        with open(path, "w", encoding="utf-8") as f:
+            f.write('{"model_type": "t5",\n "d_model": }')
+        with self.assertRaisesRegex(UsageError, f"^could not load model {re.escape(repr(path))}: It looks like the "
+                                                "config file at .* is not a valid JSON file\.$"):
+            modeling.load_model(None, path, None)
+
+    def test_a_tokenizer_larger_than_the_model_is_refused(self):
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        model = fixtures.tiny_model()
+        with tempfile.TemporaryDirectory() as folder:
+            model.resize_token_embeddings(len(tokenizer))
+            model.save_pretrained(folder)
+            self.assertEqual(modeling.load_model(folder, None, tokenizer).config.vocab_size, len(tokenizer))
+            model.resize_token_embeddings(len(tokenizer) - 1)
+            model.save_pretrained(folder)
+            with self.assertRaisesWithLiteralMatch(
+                    UsageError, f"the tokenizer has {len(tokenizer)} tokens but the model only {len(tokenizer) - 1} "
+                                "embeddings; use the tokenizer the model was trained with"):
+                modeling.load_model(folder, None, tokenizer)
+
+    def test_a_fresh_model_is_sized_and_labelled_by_its_tokenizer(self):
+        # The vocabulary rounded up to a multiple of 8; pad, EOS and the decoder's start from the tokenizer.
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        config = modeling.load_model(None, fixtures.TINY_CONFIG, tokenizer).config
+        self.assertEqual(config.vocab_size, -(-len(tokenizer) // 8) * 8)
+        self.assertEqual(config.vocab_size % 8, 0)
+        self.assertLess(config.vocab_size - len(tokenizer), 8)
+        self.assertEqual((config.pad_token_id, config.eos_token_id, config.decoder_start_token_id),
+                         (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id))
 
     def _shape(self, values):
         """configs/t5-tiny.json with `values` changed, in a file of its own."""
@@ -198,6 +236,29 @@ class SummaryTest(absltest.TestCase):
         rows = {line.split()[0]: line.split()[1:3] for line in modeling.model_summary(prompt).splitlines()[1:-1]}
         self.assertEqual(rows, {"embeddings": ["256", "0"], "encoder": ["544", "0"], "decoder": ["808", "0"],
                                 "prompt": ["48", "48"], "total": ["1,656", "48"]})
+
+
+class LengthsTest(absltest.TestCase):
+    """Lengths beyond a model's absolute position embeddings are refused (T5 has none)."""
+
+    def test_a_model_with_absolute_positions_refuses_longer_inputs(self):
+        from transformers import BartConfig, BartForConditionalGeneration
+
+        model = BartForConditionalGeneration(BartConfig(vocab_size=50, d_model=8, encoder_layers=1, decoder_layers=1,
+                                                        encoder_attention_heads=2, decoder_attention_heads=2,
+                                                        encoder_ffn_dim=16, decoder_ffn_dim=16,
+                                                        max_position_embeddings=64))
+        modeling.check_lengths(model, max_source_length=64, max_target_length=8)
+        with self.assertRaisesWithLiteralMatch(UsageError, "--max_source_length 65 is longer than this model's 64 "
+                                                           "position embeddings; use --max_source_length 64 or less"):
+            modeling.check_lengths(model, max_target_length=8, max_source_length=65)
+        # GPT-2-style configs name the limit n_positions.
+        model = SimpleNamespace(config=SimpleNamespace(n_positions=32))
+        with self.assertRaisesRegex(UsageError, "^--max_seq_length 33 is longer than this model's 32"):
+            modeling.check_lengths(model, max_seq_length=33)
+
+    def test_t5_takes_any_length(self):
+        modeling.check_lengths(_tiny(), max_source_length=100_000, max_target_length=100_000)
 
 
 class GradientCheckpointingTest(absltest.TestCase):
@@ -313,6 +374,15 @@ class OutputLayerTest(absltest.TestCase):
         self.assertIs(model.get_output_embeddings().weight, model.get_input_embeddings().weight)
         self.assertFalse(modeling.untie_output_layer(model))
 
+    def test_its_scale_follows_initializer_factor_and_an_apart_layer_is_left_alone(self):
+        model = self._load(tie_word_embeddings=False, initializer_factor=2.0)
+        # std 2.0 * 64 ** -0.5 = 0.25, truncated at 2 std.
+        self.assertAlmostEqual(model.lm_head.weight.std().item(), 0.880 * 0.25, delta=0.01)
+        self.assertLessEqual(model.lm_head.weight.abs().max().item(), 0.5)
+        head = model.lm_head.weight
+        self.assertFalse(modeling.untie_output_layer(model))
+        self.assertIs(model.lm_head.weight, head)
+
     def test_a_t5_1_0_model_keeps_one_scaled_matrix(self):
         model = self._load()
         self.assertIs(model.lm_head.weight, model.shared.weight)
@@ -360,6 +430,8 @@ class FusedGeluTest(absltest.TestCase):
         # Two blocks a side, one gated GELU each; transformers' modules are all gone.
         self.assertEqual(sum(isinstance(m, torch.nn.GELU) for m in fused.modules()), 4)
         self.assertFalse(any(type(m).__name__ == "NewGELUActivation" for m in fused.modules()))
+        self.assertEqual(modeling.fuse_gelu(copy.deepcopy(plain)), 4)  # one per feed-forward
+        self.assertEqual(modeling.fuse_gelu(fused), 0)
         loss, grads, saved = self._loss_grads_and_saved_bytes(fused)
         plain_loss, plain_grads, plain_saved = self._loss_grads_and_saved_bytes(plain)
         # The fused kernel rounds once where transformers' eight ops round eight times: fp32 rounding,
