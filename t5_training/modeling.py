@@ -270,8 +270,9 @@ def load_tokenizer_and_model(config, *, evaluate_only: bool = False):
 def enable_activation_checkpointing(model) -> None:
     """Recompute each block's activations in the backward pass instead of keeping them.
 
-    Non-reentrant: the reentrant kind sees no gradient-carrying input when the embeddings are
-    frozen and silently trains nothing below the first block. transformers renamed the method
+    Non-reentrant, as torch advises: the reentrant kind gives a block's weights no gradient unless
+    one of its inputs carries one, which with frozen embeddings only a hook transformers adds for
+    it arranges (tests/modeling_test.py checks the blocks train). transformers renamed the method
     within 5.x (`gradient_checkpointing_enable` is a deprecated alias from the release that added
     `activation_checkpointing_enable`); pyproject admits every 5.x, and a GPU image may hold an
     older one than a fresh install.

@@ -271,6 +271,27 @@ class GradientCheckpointingTest(absltest.TestCase):
         for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
             torch.testing.assert_close(a.grad, b.grad, msg=name)
 
+    def test_blocks_train_below_frozen_embeddings(self):
+        # Checkpointed blocks get gradients only if an input carries one: with frozen embeddings
+        # none does, unless the checkpointing is of the kind that needs none (or a hook adds one).
+        model = _tiny().train()
+        modeling.enable_activation_checkpointing(model)  # in load_tokenizer_and_model's order
+        modeling.freeze(model, embeddings=True)
+        model(**_batch()).loss.backward()
+        self.assertGreater(float(model.encoder.block[0].layer[0].SelfAttention.q.weight.grad.abs().sum()), 0)
+
+    def test_the_model_flags_are_applied_where_the_model_is_loaded(self):
+        from t5_training.config import parse_config
+
+        config = parse_config(fine_tune_t5.FineTuneConfig, fixtures.fine_tune_args(
+            "unused", "--dropout_rate", "0.3", "--freeze_decoder", "--gradient_checkpointing"))
+        tokenizer, model = modeling.load_tokenizer_and_model(config)
+        self.assertEqual(tokenizer.name_or_path, fixtures.tokenizer_dir())
+        self.assertEqual(model.config.dropout_rate, 0.3)
+        self.assertTrue(model.is_gradient_checkpointing)
+        self.assertFalse(any(p.requires_grad for p in model.decoder.block.parameters()))
+        self.assertTrue(all(p.requires_grad for p in model.encoder.parameters()))
+
     def test_run_with_flag_equals_run_without(self):
         # Dropout is on: recomputation must replay the same dropout masks.
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
