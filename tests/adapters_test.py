@@ -142,6 +142,11 @@ class CountTest(parameterized.TestCase):
         # Its input embeddings stay one matrix, so the export holds it once, not three times.
         self.assertIs(merged.encoder.embed_tokens.weight, merged.shared.weight)
         self.assertIs(merged.decoder.embed_tokens.weight, merged.shared.weight)
+        with tempfile.TemporaryDirectory() as folder:
+            merged.save_pretrained(folder)
+            stored = load_file(os.path.join(folder, "model.safetensors"))
+        self.assertEqual(sorted(n for n in stored if "embed" in n or "shared" in n or "lm_head" in n),
+                         ["lm_head.weight", "shared.weight"])
         ids = torch.tensor([[5, 6, 7, 1]])
         start = torch.zeros((1, 2), dtype=torch.long)
         with torch.no_grad():
