@@ -404,6 +404,25 @@ class OutputLayerTest(absltest.TestCase):
         self.assertFalse(modeling.untie_output_layer(model))
         self.assertIs(model.lm_head.weight, head)
 
+    def test_it_unties_in_the_model_s_own_dtype_and_device_and_stays_untied(self):
+        config = T5Config(**_TINY_SHAPE, tie_word_embeddings=False)
+        for device, dtype in (("cpu", torch.bfloat16), ("meta", torch.float32)):
+            with self.subTest(device=device), torch.device(device):
+                model = T5ForConditionalGeneration(copy.deepcopy(config)).to(dtype)
+                self.assertTrue(modeling.untie_output_layer(model))
+                self.assertEqual((model.lm_head.weight.dtype, model.lm_head.weight.device.type), (dtype, device))
+                self.assertIs(model.config.tie_word_embeddings, False)
+        model.tie_weights()  # what FSDP2's loading calls
+        self.assertIsNot(model.lm_head.weight, model.shared.weight)
+
+    def test_a_loaded_model_s_flag_is_set_only_where_its_layers_are_apart(self):
+        model = T5ForConditionalGeneration(T5Config(**_TINY_SHAPE))
+        self.assertFalse(modeling.record_output_layer(model))  # tied: the flag stays True
+        self.assertTrue(model.config.tie_word_embeddings)
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+        self.assertTrue(modeling.record_output_layer(model))
+        self.assertIs(model.config.tie_word_embeddings, False)
+
     def test_a_t5_1_0_model_keeps_one_scaled_matrix(self):
         model = self._load()
         self.assertIs(model.lm_head.weight, model.shared.weight)
