@@ -110,7 +110,7 @@ class LoadErrorsTest(parameterized.TestCase):
         with open(path, "w", encoding="utf-8") as f:
             f.write('{"model_type": "t5",\n "d_model": }')
         with self.assertRaisesRegex(UsageError, f"^could not load model {re.escape(repr(path))}: It looks like the "
-                                                "config file at .* is not a valid JSON file\.$"):
+                                                r"config file at .* is not a valid JSON file\.$"):
             modeling.load_model(None, path, None)
 
     def test_a_tokenizer_larger_than_the_model_is_refused(self):
