@@ -23,7 +23,7 @@ from t5_training import teardown
 from t5_training.config import TrainingConfig, config_for_trackers
 from t5_training.device import runs_on_cuda, settle_cpu_run
 from t5_training.errors import UsageError
-from t5_training.modeling import model_summary
+from t5_training.components import model_summary
 from t5_training.optim import build_optimizer, build_scheduler
 
 

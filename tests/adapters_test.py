@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 import fine_tune_t5
-from t5_training import adapters, checkpoint, modeling, run_dir
+from t5_training import adapters, checkpoint, components, modeling, run_dir
 from t5_training.config import parse_config
 from t5_training.errors import UsageError
 from tests import fixtures
@@ -88,7 +88,7 @@ class CountTest(parameterized.TestCase):
         # Only the adapter trains: every base weight is frozen.
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         self.assertTrue(all(any(k in n for k in ("lora_", "ia3_", "prompt_encoder")) for n in trainable), trainable)
-        summary = modeling.model_summary(model).splitlines()
+        summary = components.model_summary(model).splitlines()
         total = sum(p.numel() for p in model.parameters())
         self.assertEqual(summary[-1], f"trainable: {expected:,} of {total:,} parameters "
                                       f"({100 * expected / total:.2f}%)")

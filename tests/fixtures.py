@@ -219,6 +219,29 @@ def tiny_t5_config(**overrides):
     return config
 
 
+def tiny_t5(tie: bool = True):
+    """A T5 of tiny_t5_config's shape without dropout, drawn with seed 0; `tie` False gives its output
+    layer a copy of the embedding (transformers 5 always ties T5's), as other encoder-decoders have it."""
+    import torch
+    import transformers
+
+    config = tiny_t5_config(dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config)
+    if not tie:
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    return model
+
+
+def tiny_t5_batch() -> dict:
+    """Two rows for tiny_t5, one padded, with labels (-100 where padded)."""
+    import torch
+
+    ids = torch.tensor([[3, 4, 5, 1], [6, 7, 1, 0]])
+    labels = torch.tensor([[8, 9, 1], [10, 1, -100]])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": labels}
+
+
 def nan_on_steps(steps: set, accumulation: int = 1):
     """A forward_loss_sum that returns NaN on the micro-batches of the given (1-based) optimizer steps."""
     from unittest import mock

@@ -10,7 +10,6 @@ from unittest import mock
 
 import torch
 from absl.testing import absltest, parameterized
-from safetensors.torch import load_file
 from transformers import T5Config, T5ForConditionalGeneration
 from transformers.activations import NewGELUActivation
 
@@ -23,23 +22,6 @@ from tests import fixtures
 # d_model 8, d_ff 16, 2 heads of 4, one layer each side, vocabulary 32.
 _TINY_SHAPE = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
                    relative_attention_num_buckets=4, dropout_rate=0.0)
-
-
-def _tiny(tie=True):
-    config = T5Config(**_TINY_SHAPE, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    torch.manual_seed(0)
-    model = T5ForConditionalGeneration(config)
-    if not tie:
-        # transformers 5 always ties T5's output layer to the embedding (the flag only decides
-        # output scaling), so untie it by hand, as other encoder-decoders have it.
-        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
-    return model
-
-
-def _batch():
-    ids = torch.tensor([[3, 4, 5, 1], [6, 7, 1, 0]])
-    labels = torch.tensor([[8, 9, 1], [10, 1, -100]])
-    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": labels}
 
 
 class LoadErrorsTest(parameterized.TestCase):
@@ -153,91 +135,6 @@ class LoadErrorsTest(parameterized.TestCase):
             modeling.check_shape(T5Config.from_pretrained(modeling.resolve_config_name(name)), name)
 
 
-class FreezeTest(parameterized.TestCase):
-    @parameterized.named_parameters(
-        ("encoder", {"encoder": True}, True),
-        ("decoder", {"decoder": True}, True),
-        ("embeddings", {"embeddings": True}, True),
-        ("embeddings_untied", {"embeddings": True}, False),
-        ("encoder_and_embeddings", {"encoder": True, "embeddings": True}, True),
-    )
-    def test_no_gradient_reaches_frozen_weights(self, flags, tie):
-        model = _tiny(tie=tie)
-        modeling.freeze(model, **flags)
-        model(**_batch()).loss.backward()
-        names = [name for name, _ in model.named_parameters()]
-        self.assertEqual("lm_head.weight" in names, not tie)
-        for name, param in model.named_parameters():
-            # The encoder's and decoder's embed_tokens are the shared weight, listed once as shared.weight.
-            part = "embeddings" if name in ("shared.weight", "lm_head.weight") else name.split(".")[0]
-            frozen = flags.get(part, False)
-            with self.subTest(name=name):
-                self.assertEqual(param.requires_grad, not frozen)
-                if frozen:
-                    self.assertIsNone(param.grad)
-                else:
-                    self.assertGreater(float(param.grad.abs().sum()), 0)
-
-    def test_freezing_everything_is_refused(self):
-        with self.assertRaisesRegex(UsageError, "^every weight is frozen, so there is nothing to train: drop one of "
-                                                "--freeze_encoder, --freeze_decoder, --freeze_embeddings$"):
-            modeling.freeze(_tiny(), encoder=True, decoder=True, embeddings=True)
-
-    def test_frozen_encoder_is_unchanged_by_a_run(self):
-        with tempfile.TemporaryDirectory() as out:
-            fine_tune_t5.main(fixtures.fine_tune_args(out, "--max_steps", "3", "--freeze_encoder",
-                                                      "--freeze_embeddings", "--save_steps", "0"))
-            # The run starts from seed 7's initialisation; rebuild it to compare.
-            from transformers import set_seed
-            from t5_training.config import parse_config
-            set_seed(7)
-            _, initial = modeling.load_tokenizer_and_model(
-                parse_config(fine_tune_t5.FineTuneConfig, fixtures.fine_tune_args(out)))
-            trained = load_file(os.path.join(out, "final", "model.safetensors"))
-            before = initial.state_dict()
-            changed = {name for name, value in trained.items() if not torch.equal(value, before[name])}
-            self.assertTrue(changed)
-            self.assertTrue(all(name.startswith("decoder.") for name in changed), sorted(changed)[:5])
-            self.assertTrue(any(name.startswith("decoder.block") for name in changed))
-
-
-class SummaryTest(absltest.TestCase):
-    def test_counts_and_bytes_by_component(self):
-        model = _tiny(tie=True)
-        # Embedding 32 x 8 = 256. Encoder: self-attention q,k,v,o 4 x 8 x 8 = 256, relative bias
-        # 4 x 2 = 8, FF 8 x 16 x 2 = 256, two layer norms and a final one 3 x 8: 544. Decoder:
-        # self-attention 256 + bias 8, cross-attention 256, FF 256, three norms and a final 32: 808.
-        modeling.freeze(model, encoder=True)
-        lines = modeling.model_summary(model).splitlines()
-        rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-        self.assertEqual(rows["embeddings"], ["256", "256", "0.0"])
-        self.assertEqual(rows["encoder"], ["544", "0", "0.0"])
-        self.assertEqual(rows["decoder"], ["808", "808", "0.0"])
-        self.assertEqual(rows["total"], ["1,608", "1,064", "0.0"])
-        self.assertEqual(sum(p.numel() for p in model.parameters()), 1608)
-
-    def test_untied_output_layer_counts_as_embeddings(self):
-        rows = {line.split()[0]: line.split()[1:] for line in modeling.model_summary(_tiny(tie=False)).splitlines()}
-        self.assertEqual(rows["embeddings"][0], "512")
-
-
-    def test_an_adapter_model_counts_its_weights_where_they_sit(self):
-        import peft
-
-        # LoRA r 2 on every q (the encoder's; the decoder's self- and cross-attention): 2 x (8 + 8)
-        # each, counted with its layer; a weight outside encoder, decoder and embeddings is "other".
-        lora = peft.get_peft_model(_tiny(), peft.LoraConfig(r=2, target_modules=["q"], task_type="SEQ_2_SEQ_LM"))
-        lora.base_model.model.register_parameter("extra", torch.nn.Parameter(torch.zeros(5)))
-        rows = {line.split()[0]: line.split()[1:3] for line in modeling.model_summary(lora).splitlines()[1:-1]}
-        self.assertEqual(rows, {"embeddings": ["256", "0"], "encoder": ["576", "32"], "decoder": ["872", "64"],
-                                "other": ["5", "5"], "total": ["1,709", "101"]})
-        # Prompt tuning, 3 virtual tokens for each of the encoder and the decoder, d_model 8: 48.
-        prompt = peft.get_peft_model(_tiny(), peft.PromptTuningConfig(num_virtual_tokens=3, task_type="SEQ_2_SEQ_LM"))
-        rows = {line.split()[0]: line.split()[1:3] for line in modeling.model_summary(prompt).splitlines()[1:-1]}
-        self.assertEqual(rows, {"embeddings": ["256", "0"], "encoder": ["544", "0"], "decoder": ["808", "0"],
-                                "prompt": ["48", "48"], "total": ["1,656", "48"]})
-
-
 class LengthsTest(absltest.TestCase):
     """Lengths beyond a model's absolute position embeddings are refused (T5 has none)."""
 
@@ -258,26 +155,26 @@ class LengthsTest(absltest.TestCase):
             modeling.check_lengths(model, max_seq_length=33)
 
     def test_t5_takes_any_length(self):
-        modeling.check_lengths(_tiny(), max_source_length=100_000, max_target_length=100_000)
+        modeling.check_lengths(fixtures.tiny_t5(), max_source_length=100_000, max_target_length=100_000)
 
 
 class GradientCheckpointingTest(absltest.TestCase):
     def test_same_gradients_as_without(self):
-        plain, checkpointed = _tiny(), _tiny()
+        plain, checkpointed = fixtures.tiny_t5(), fixtures.tiny_t5()
         modeling.enable_activation_checkpointing(checkpointed)
         for model in (plain, checkpointed):
             model.train()
-            model(**_batch()).loss.backward()
+            model(**fixtures.tiny_t5_batch()).loss.backward()
         for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
             torch.testing.assert_close(a.grad, b.grad, msg=name)
 
     def test_blocks_train_below_frozen_embeddings(self):
         # Checkpointed blocks get gradients only if an input carries one: with frozen embeddings
         # none does, unless the checkpointing is of the kind that needs none (or a hook adds one).
-        model = _tiny().train()
+        model = fixtures.tiny_t5().train()
         modeling.enable_activation_checkpointing(model)  # in load_tokenizer_and_model's order
         modeling.freeze(model, embeddings=True)
-        model(**_batch()).loss.backward()
+        model(**fixtures.tiny_t5_batch()).loss.backward()
         self.assertGreater(float(model.encoder.block[0].layer[0].SelfAttention.q.weight.grad.abs().sum()), 0)
 
     def test_the_model_flags_are_applied_where_the_model_is_loaded(self):
@@ -459,7 +356,7 @@ class FusedGeluTest(absltest.TestCase):
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-            loss = model(**_batch()).loss
+            loss = model(**fixtures.tiny_t5_batch()).loss
         loss.backward()
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, sum(
