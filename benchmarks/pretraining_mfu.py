@@ -145,16 +145,6 @@ def fuse_norms(model) -> None:
             module.forward = rms_norm.__get__(module)
 
 
-def unfuse_gelu(model) -> None:
-    """transformers' own gelu_new modules back where modeling.fuse_gelu put torch's kernel."""
-    from transformers.activations import NewGELUActivation
-
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.GELU):
-                setattr(parent, name, NewGELUActivation())
-
-
 def build(config, run_config, accelerator, attention: str | None = None, optim: str | None = None,
           fused: bool = False, gelu_as_written: bool = False):
     """A freshly initialised model (seed 0) and its optimizer, prepared by `accelerator`.
@@ -170,7 +160,7 @@ def build(config, run_config, accelerator, attention: str | None = None, optim: 
     model = modeling.fresh_model(config, **({"attn_implementation": attention} if attention else {}))
     model.train()
     if gelu_as_written:
-        unfuse_gelu(model)
+        modeling.unfuse_gelu(model)
     if fused:
         fuse_norms(model)
     if optim == "adamw_unfused":

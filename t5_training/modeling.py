@@ -140,8 +140,7 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
         if model_name_or_path:
             model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code,
                                                           **overrides)
-            record_output_layer(model)
-            fuse_gelu(model)  # fresh_model does both for a model built from a config
+            as_trained(model)
         elif config_name:
             config = AutoConfig.from_pretrained(config_path, trust_remote_code=trust_remote_code, **overrides)
             check_shape(config, config_name)
@@ -172,9 +171,16 @@ def fresh_model(config, *, trust_remote_code: bool = False, **from_config_kwargs
     layer apart and drawn as Google draws it (`untie_output_layer`), its GELU in one kernel.
     `config` itself is left as it is: the model gets a copy. Other keyword arguments (such as
     attn_implementation) go to transformers' from_config."""
-    model = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code,
-                                              **from_config_kwargs)
+    return as_trained(AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code,
+                                                        **from_config_kwargs))
+
+
+def as_trained(model):
+    """`model`, built or loaded, made the model the scripts train: a fresh T5 v1.1's output layer
+    apart (`untie_output_layer`), the config saying what the layers are (`record_output_layer`),
+    the gated GELU in one kernel (`fuse_gelu`)."""
     untie_output_layer(model)
+    record_output_layer(model)
     fuse_gelu(model)
     return model
 
@@ -204,7 +210,7 @@ def untie_output_layer(model) -> bool:
     weight = torch.empty(shape, dtype=head.weight.dtype, device=head.weight.device)
     torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
     head.weight = torch.nn.Parameter(weight)
-    config.tie_word_embeddings = False  # so that saving keeps both, and nothing ties them again
+    record_output_layer(model)  # so that saving keeps both, and nothing ties them again
     return True
 
 
@@ -234,11 +240,22 @@ def fuse_gelu(model) -> int:
     autograd keeps four of their results for backward; the one kernel keeps only its input. No
     parameter or config field changes, so checkpoints and exports are those of the model as loaded.
     """
+    return _swap_modules(model, NewGELUActivation, lambda: torch.nn.GELU(approximate="tanh"))
+
+
+def unfuse_gelu(model) -> int:
+    """transformers' own gelu_new modules back where `fuse_gelu` put torch's kernel (what the
+    benchmarks and tests compare it with); returns how many it swapped."""
+    return _swap_modules(model, torch.nn.GELU, NewGELUActivation)
+
+
+def _swap_modules(model, kind: type, make) -> int:
+    """Replaces every submodule of exactly type `kind` with `make()`; returns how many."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is NewGELUActivation:
-                setattr(parent, name, torch.nn.GELU(approximate="tanh"))
+            if type(child) is kind:
+                setattr(parent, name, make())
                 swapped += 1
     return swapped
 

@@ -204,13 +204,16 @@ def reset_accelerate_state() -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+# d_model 8, d_ff 16, 2 heads of 4, one layer each side, vocabulary 32: small enough to count by hand.
+TINY_T5_SHAPE = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
+                     relative_attention_num_buckets=4)
+
+
 def tiny_t5_config(**overrides):
     """A T5Config small enough to count its tensors by hand (memory and activation tests)."""
     import transformers
 
-    values = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
-                  relative_attention_num_buckets=4, dropout_rate=0.1, feed_forward_proj="relu",
-                  tie_word_embeddings=True)
+    values = dict(**TINY_T5_SHAPE, dropout_rate=0.1, feed_forward_proj="relu", tie_word_embeddings=True)
     values.update(overrides)
     config = transformers.T5Config(**values)
     # transformers 5's T5Config sets tie_word_embeddings to True whatever it is given; set afterwards

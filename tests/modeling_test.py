@@ -11,7 +11,6 @@ from unittest import mock
 import torch
 from absl.testing import absltest, parameterized
 from transformers import T5Config, T5ForConditionalGeneration
-from transformers.activations import NewGELUActivation
 
 import fine_tune_t5
 from t5_training import modeling
@@ -19,9 +18,7 @@ from t5_training.errors import UsageError
 from tests import fixtures
 
 
-# d_model 8, d_ff 16, 2 heads of 4, one layer each side, vocabulary 32.
-_TINY_SHAPE = dict(vocab_size=32, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1,
-                   relative_attention_num_buckets=4, dropout_rate=0.0)
+_TINY_SHAPE = {**fixtures.TINY_T5_SHAPE, "dropout_rate": 0.0}
 
 
 class LoadErrorsTest(parameterized.TestCase):
@@ -340,10 +337,7 @@ class FusedGeluTest(absltest.TestCase):
             fused = modeling.load_model(None, path, modeling.load_tokenizer(fixtures.tokenizer_dir()))
         # The same model with transformers' own GELU modules put back.
         plain = copy.deepcopy(fused)
-        for parent in list(plain.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.GELU):
-                    setattr(parent, name, NewGELUActivation())
+        modeling.unfuse_gelu(plain)
         return fused.train(), plain.train()
 
     @staticmethod
