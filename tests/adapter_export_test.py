@@ -134,6 +134,8 @@ class LoadTest(_Exports):
     """Exports written directly (adapters.save_pretrained), as a run writes them, without a run."""
 
     def export(self, name: str, flags, *, random_base: bool = False) -> str:
+        # Seeded: the adapter's draws below would otherwise follow whatever tests ran before in this process.
+        torch.manual_seed(0)
         model = fixtures.tiny_model() if random_base else AutoModelForSeq2SeqLM.from_pretrained(self.base)
         config = parse_config(fine_tune_t5.FineTuneConfig, ["--config_name", fixtures.TINY_CONFIG, *flags])
         model = adapters.apply(model, config, random_base=random_base, log=lambda line: None)
@@ -153,7 +155,9 @@ class LoadTest(_Exports):
         # B is not zero, so the merged model is not the base: only the adapter on the base computes the same.
         merged = self.evaluate(folder)[1]["eval"]
         adapter = self.evaluate(os.path.join(folder, adapters.ADAPTER_DIR))[1]["eval"]
-        self.assertAlmostEqual(adapter["loss"], merged["loss"], delta=1e-5)
+        # W + BA in one matrix rounds differently from W and BA applied apart: over 28 seeds the two losses
+        # differed by up to 3.1e-6 of the loss, so 1e-5 of it; a merge that leaves the adapter out moves it by 0.30.
+        self.assertAlmostEqual(adapter["loss"], merged["loss"], delta=1e-5 * merged["loss"])
 
     def test_a_random_base_is_read_from_beside_the_adapter_after_the_folder_moved(self):
         folder = self.export("random", PROMPT, random_base=True)
