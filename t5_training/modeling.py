@@ -2,21 +2,23 @@
 
 `--model_name_or_path` loads pretrained weights; `--config_name` (a JSON file such as
 `configs/t5-tiny.json`, a shipped shape by name such as `t5-tiny`, or a hub name) builds a
-randomly initialised model instead. Remote code runs only with `--trust_remote_code`.
+randomly initialised model instead. Remote code runs only with `--trust_remote_code`. The names
+are checked first (t5_training.model_sources).
 """
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.activations import NewGELUActivation
 
-from t5_training import adapter_export, checkpoint
+from t5_training import adapter_export
 from t5_training.components import freeze
 from t5_training.errors import UsageError
+from t5_training.model_sources import (check_code_beside, check_local_path, check_shape, load_error,
+                                      resolve_config_name)
 
 
 # Span corruption's sentinels, which pre_train_t5.py needs and `python -m t5_training.tokenizer` adds.
@@ -43,36 +45,6 @@ def mode_token_id(tokenizer, token: str | None) -> int | None:
     return vocab[token]
 
 
-def check_local_path(name: str, what: str) -> None:
-    """Refuses a name that can only be a local path (absolute, ./ ../ ~, several folders deep, or a .json
-    file) where nothing exists, before transformers tries the hub with it and reports a network or
-    repo-id error instead of the typo."""
-    path = os.path.expanduser(name)
-    if os.path.exists(path):
-        check_not_a_run_folder(path, what)
-        return
-    local = (name.startswith(("/", ".", "~")) or name.endswith(".json")
-             or len([part for part in name.split("/") if part]) > 2)
-    if local:
-        raise UsageError(f"{what} {name!r}: no such file or folder; check the path (a hub name has the form "
-                         "'name' or 'org/name')")
-
-
-def check_not_a_run_folder(path: str, what: str) -> None:
-    """Refuses a training checkpoint or a run's output folder where a model is asked for: neither
-    holds a config.json, and transformers would answer that the model is unrecognised."""
-    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")):
-        return
-    if checkpoint.has_checkpoint_files(path):
-        raise UsageError(f"{what} {path!r} is a training checkpoint, not a model: continue its run with "
-                         "--resume_from_checkpoint and that run's --output_dir, or start from the run's "
-                         "final/ or best/ folder")
-    exports = [sub for sub in ("final", "best") if os.path.exists(os.path.join(path, sub, "config.json"))]
-    if exports:
-        raise UsageError(f"{what} {path!r} is a run's output folder, not a model: pass its "
-                         f"{' or '.join(sub + '/' for sub in exports)} folder, e.g. {os.path.join(path, exports[0])}")
-
-
 def load_tokenizer(name: str | None, trust_remote_code: bool = False):
     if not name:
         raise UsageError("no tokenizer: pass --tokenizer_name (a folder from `python -m t5_training.tokenizer` "
@@ -81,45 +53,10 @@ def load_tokenizer(name: str | None, trust_remote_code: bool = False):
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise UsageError(f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}") from None
+        raise load_error("tokenizer", name, err) from None
 
 
-# The model shapes in configs/: beside the package in a checkout, inside it in an installed wheel
-# (pyproject maps configs/ to t5_training/configs), so a name works the same in both.
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
-SHIPPED_CONFIG_DIRS = (os.path.join(_PACKAGE, "configs"), os.path.join(os.path.dirname(_PACKAGE), "configs"))
 
-
-def resolve_config_name(name: str) -> str:
-    """A shipped model shape's JSON for a bare name ("t5-small"), else `name` unchanged.
-
-    A path that exists wins, and so does a hub name that is not shipped: only names of files in
-    configs/ are resolved here. "configs/t5-small.json", as README and the defaults write it, finds
-    the shipped file too when run outside a checkout.
-    """
-    if os.path.exists(name):
-        return name
-    folder, base = os.path.split(os.path.normpath(name))
-    if folder not in ("", "configs"):
-        return name
-    for folder in SHIPPED_CONFIG_DIRS:
-        path = os.path.join(folder, base if base.endswith(".json") else f"{base}.json")
-        if os.path.isfile(path):
-            return path
-    return name
-
-
-# A T5 shape's sizes and counts; each must be a positive whole number (vocab_size is the tokenizer's).
-SHAPE_FIELDS = ("d_model", "d_kv", "d_ff", "num_heads", "num_layers", "num_decoder_layers",
-                "relative_attention_num_buckets", "relative_attention_max_distance")
-
-
-def check_shape(config, source: str) -> None:
-    """Refuses a model shape with a size or count below 1, which would crash in weight init or build no layers."""
-    for name in SHAPE_FIELDS:
-        value = getattr(config, name, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise UsageError(f"--config_name {source}: {name} is {value!r}; it must be a whole number of at least 1")
 
 
 def load_model(model_name_or_path: str | None, config_name: str | None, tokenizer, *,
@@ -142,6 +79,7 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
                                                           **overrides)
             as_trained(model)
         elif config_name:
+            check_code_beside(config_path)
             config = AutoConfig.from_pretrained(config_path, trust_remote_code=trust_remote_code, **overrides)
             check_shape(config, config_name)
             config.vocab_size = -(-len(tokenizer) // 8) * 8
@@ -154,11 +92,7 @@ def load_model(model_name_or_path: str | None, config_name: str | None, tokenize
     except (OSError, ValueError, StrictDataclassError) as err:
         if isinstance(err, UsageError):
             raise
-        source = model_name_or_path or config_name
-        # transformers 5 checks a config's field types: its message puts the field on one line, the type on the next.
-        lines = str(err).splitlines()[:1] if not isinstance(err, StrictDataclassError) else str(err).splitlines()
-        detail = " ".join(line.strip() for line in lines if line.strip())[:300]
-        raise UsageError(f"could not load model {source!r}: {detail}") from None
+        raise load_error("model", model_name_or_path or config_name, err) from None
     embeddings = model.get_input_embeddings().num_embeddings
     if embeddings < len(tokenizer):
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model only {embeddings} embeddings; "

@@ -369,7 +369,9 @@ class TokenizeTest(parameterized.TestCase):
         self.assertEqual(result.truncated_sources, 1)
         self.assertEqual(out["source"][0], "sst2 sentence: good")  # reports show the text as it was
         self.assertIsNone(modeling.mode_token_id(self.tok, None))
-        with self.assertRaisesRegex(UsageError, r"--mode_token '\[NLX\]' is not one token"):
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, "--mode_token '[NLX]' is not one token of this tokenizer; pass one it has (tokenizers from "
+                            "`python -m t5_training.tokenizer` have [NLU], [NLG] and [S2S]) or drop --mode_token"):
             modeling.mode_token_id(self.tok, "[NLX]")
 
     def test_no_truncation(self):

@@ -13,7 +13,7 @@ from absl.testing import absltest, parameterized
 from transformers import T5Config, T5ForConditionalGeneration
 
 import fine_tune_t5
-from t5_training import modeling
+from t5_training import model_sources, modeling
 from t5_training.errors import UsageError
 from tests import fixtures
 
@@ -129,7 +129,22 @@ class LoadErrorsTest(parameterized.TestCase):
 
     def test_the_shipped_shapes_pass(self):
         for name in ("t5-tiny", "t5-small", "t5-v1_1-base"):
-            modeling.check_shape(T5Config.from_pretrained(modeling.resolve_config_name(name)), name)
+            model_sources.check_shape(T5Config.from_pretrained(model_sources.resolve_config_name(name)), name)
+
+    def test_no_tokenizer_or_one_that_does_not_load_is_one_line(self):
+        with self.assertRaisesWithLiteralMatch(UsageError, "no tokenizer: pass --tokenizer_name (a folder from "
+                                                           "`python -m t5_training.tokenizer` or a hub name) or "
+                                                           "--model_name_or_path"):
+            modeling.load_tokenizer(None)
+        folder = os.path.dirname(self._shape({}))  # a folder, but one that holds no tokenizer
+        with self.assertRaisesRegex(UsageError, f"^could not load tokenizer {re.escape(repr(folder))}: \\S"):
+            modeling.load_tokenizer(folder)
+
+    def test_a_fresh_model_takes_transformers_build_options(self):
+        config = T5Config(**_TINY_SHAPE)
+        for attention in ("eager", "sdpa"):
+            self.assertEqual(modeling.fresh_model(config, attn_implementation=attention).config._attn_implementation,
+                             attention)
 
 
 class LengthsTest(absltest.TestCase):
@@ -173,6 +188,17 @@ class GradientCheckpointingTest(absltest.TestCase):
         modeling.freeze(model, embeddings=True)
         model(**fixtures.tiny_t5_batch()).loss.backward()
         self.assertGreater(float(model.encoder.block[0].layer[0].SelfAttention.q.weight.grad.abs().sum()), 0)
+
+    def test_non_reentrant_through_the_method_this_transformers_has(self):
+        # transformers renamed the method within 5.x; the newer name is used where both exist.
+        calls = []
+        both = SimpleNamespace(activation_checkpointing_enable=lambda **kw: calls.append(("new", kw)),
+                               gradient_checkpointing_enable=lambda **kw: calls.append(("old", kw)))
+        modeling.enable_activation_checkpointing(both)
+        older = SimpleNamespace(gradient_checkpointing_enable=both.gradient_checkpointing_enable)
+        modeling.enable_activation_checkpointing(older)
+        self.assertEqual(calls, [("new", {"activation_checkpointing_kwargs": {"use_reentrant": False}}),
+                                 ("old", {"gradient_checkpointing_kwargs": {"use_reentrant": False}})])
 
     def test_the_model_flags_are_applied_where_the_model_is_loaded(self):
         from t5_training.config import parse_config
@@ -301,8 +327,10 @@ class OutputLayerTest(absltest.TestCase):
     def test_it_unties_in_the_model_s_own_dtype_and_device_and_stays_untied(self):
         config = T5Config(**_TINY_SHAPE, tie_word_embeddings=False)
         for device, dtype in (("cpu", torch.bfloat16), ("meta", torch.float32)):
-            with self.subTest(device=device), torch.device(device):
-                model = T5ForConditionalGeneration(copy.deepcopy(config)).to(dtype)
+            with self.subTest(device=device):
+                with torch.device(device):
+                    model = T5ForConditionalGeneration(copy.deepcopy(config)).to(dtype)
+                # Outside the context, which would put any new tensor on its device: the layer follows the model.
                 self.assertTrue(modeling.untie_output_layer(model))
                 self.assertEqual((model.lm_head.weight.dtype, model.lm_head.weight.device.type), (dtype, device))
                 self.assertIs(model.config.tie_word_embeddings, False)

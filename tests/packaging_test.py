@@ -131,7 +131,7 @@ class WheelTest(absltest.TestCase):
             f.write("raise ImportError('another project')\n")
         probe = ("import t5_training.tools.dataset_stats\n"
                  "from t5_training import top_level\n"
-                 "from t5_training.modeling import resolve_config_name\n"
+                 "from t5_training.model_sources import resolve_config_name\n"
                  "print(top_level.load('pre_train_t5').__file__, top_level.load('constants').__name__,\n"
                  "      resolve_config_name('t5-tiny'),\n"
                  "      resolve_config_name('configs/t5-base.json'), resolve_config_name('google/t5-v1_1-small'))")

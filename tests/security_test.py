@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import glob
+import json
 import os
+import shutil
 import typing
 from unittest import mock
 
 from absl.testing import absltest, parameterized
+from transformers import AutoConfig
 
 import fine_tune_t5
 from t5_training import modeling, runtime
 import pre_train_t5
-from t5_training.config import REDACTED, ModelConfig, TrainingConfig, config_for_trackers, is_secret_name
+from t5_training.errors import UsageError
+from t5_training.config import (REDACTED, ModelConfig, TrainingConfig, config_for_trackers, is_secret_name,
+                                parse_config)
 from tests import fixtures
 
 
@@ -55,15 +61,92 @@ class RemoteCodeTest(absltest.TestCase):
         self.assertFalse(ModelConfig().trust_remote_code)
         self.assertFalse(fine_tune_t5.FineTuneConfig().trust_remote_code)
 
-    def test_the_flag_reaches_the_loaders(self):
-        with mock.patch.object(modeling.AutoTokenizer, "from_pretrained") as tokenizer:
-            modeling.load_tokenizer("some/model")
-            modeling.load_tokenizer("some/model", trust_remote_code=True)
-        self.assertEqual([c.kwargs["trust_remote_code"] for c in tokenizer.call_args_list], [False, True])
-        with mock.patch.object(modeling.AutoModelForSeq2SeqLM, "from_pretrained") as model:
-            model.return_value.get_input_embeddings.return_value.num_embeddings = 10
-            modeling.load_model("some/model", None, [0] * 10)
-        self.assertFalse(model.call_args.kwargs["trust_remote_code"])
+
+
+class ShippedCodeTest(fixtures.TempDirTestCase):
+    """A model or tokenizer folder whose config names code of its own (auto_map) runs that code only
+    with --trust_remote_code; without it, one line names the flag, and nothing of it is imported."""
+
+    def setUp(self):
+        super().setUp()
+        self.model_dir = os.path.join(self.dir, "model")
+        self.tokenizer_dir = shutil.copytree(fixtures.tokenizer_dir(), os.path.join(self.dir, "tokenizer"))
+        os.makedirs(self.model_dir)
+        with open(os.path.join(self.model_dir, "custom_t5.py"), "w", encoding="utf-8") as f:
+            f.write(CUSTOM_MODEL)
+        with open(fixtures.TINY_CONFIG, encoding="utf-8") as f:
+            shape = json.load(f)
+        self._write(os.path.join(self.model_dir, "config.json"), {**shape, "model_type": "custom-t5", "auto_map": {
+            "AutoConfig": "custom_t5.CustomT5Config", "AutoModelForSeq2SeqLM": "custom_t5.CustomT5"}})
+        with open(os.path.join(self.tokenizer_dir, "custom_tokenizer.py"), "w", encoding="utf-8") as f:
+            f.write(CUSTOM_TOKENIZER)
+        settings = os.path.join(self.tokenizer_dir, "tokenizer_config.json")
+        with open(settings, encoding="utf-8") as f:
+            # With a class of transformers' own named, transformers would load that one and ignore the code.
+            self._write(settings, {**json.load(f), "tokenizer_class": "CustomTokenizer", "auto_map": {
+                "AutoTokenizer": [None, "custom_tokenizer.CustomTokenizer"]}})
+
+    @staticmethod
+    def _write(path, values):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(values, f)
+
+    def _refused(self, what, name):
+        return self.assertRaisesWithLiteralMatch(
+            UsageError, f"{what} {name!r} ships its own code (auto_map in its config), which runs only with "
+                        "--trust_remote_code: read that code, and pass --trust_remote_code if you trust it")
+
+    def test_a_model_shape_built_from_scratch(self):
+        tokenizer = modeling.load_tokenizer(fixtures.tokenizer_dir())
+        with self._refused("model", self.model_dir):
+            modeling.load_model(None, self.model_dir, tokenizer)
+        # Before a trusted load of the model registers its class, for this process, as transformers' own.
+        with self.assertRaisesRegex(ValueError, "trust_remote_code=True"):
+            modeling.fresh_model(AutoConfig.from_pretrained(self.model_dir, trust_remote_code=True))
+        model = modeling.load_model(None, self.model_dir, tokenizer, trust_remote_code=True)
+        self.assertEqual(type(model).__name__, "CustomT5")
+        model.save_pretrained(os.path.join(self.dir, "trained"))  # the code is saved beside the weights
+
+        trained = os.path.join(self.dir, "trained")
+        with self._refused("model", trained):
+            modeling.load_model(trained, None, tokenizer)
+        self.assertEqual(type(modeling.load_model(trained, None, tokenizer, trust_remote_code=True)).__name__,
+                         "CustomT5")
+
+    def test_a_tokenizer(self):
+        with self._refused("tokenizer", self.tokenizer_dir):
+            modeling.load_tokenizer(self.tokenizer_dir)
+        tokenizer = modeling.load_tokenizer(self.tokenizer_dir, trust_remote_code=True)
+        self.assertEqual(type(tokenizer).__name__, "CustomTokenizer")
+
+    def test_the_flag_of_a_run_reaches_both_loaders(self):
+        flags = parse_config(fine_tune_t5.FineTuneConfig, ["--config_name", self.model_dir,
+                                                            "--tokenizer_name", self.tokenizer_dir])
+        with self._refused("tokenizer", self.tokenizer_dir):
+            modeling.load_tokenizer_and_model(flags)
+        tokenizer, model = modeling.load_tokenizer_and_model(dataclasses.replace(flags, trust_remote_code=True))
+        self.assertEqual((type(tokenizer).__name__, type(model).__name__), ("CustomTokenizer", "CustomT5"))
+        with self._refused("model", self.model_dir):
+            modeling.load_tokenizer_and_model(dataclasses.replace(flags, tokenizer_name=fixtures.tokenizer_dir()))
+
+
+CUSTOM_MODEL = """from transformers import T5Config, T5ForConditionalGeneration
+
+
+class CustomT5Config(T5Config):
+    model_type = "custom-t5"
+
+
+class CustomT5(T5ForConditionalGeneration):
+    config_class = CustomT5Config
+"""
+
+CUSTOM_TOKENIZER = """from transformers import T5Tokenizer
+
+
+class CustomTokenizer(T5Tokenizer):
+    pass
+"""
 
 
 class ExportFormatTest(fixtures.TempDirTestCase):

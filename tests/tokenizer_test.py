@@ -118,6 +118,7 @@ class TokenizerTest(parameterized.TestCase):
         vocab = [(self.tok.convert_ids_to_tokens(i), -float(i)) for i in range(VOCAB_SIZE - 100)]
         self.assertFalse(modeling.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=0)))
         self.assertFalse(modeling.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=10)))
+        self.assertFalse(modeling.has_sentinels(T5TokenizerFast(vocab=vocab, extra_ids=99)))  # all but the last
 
     @parameterized.parameters([[]], [["", "  ", "\n"]])
     def test_empty_input_raises(self, texts):

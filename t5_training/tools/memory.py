@@ -46,7 +46,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from t5_training import adapters, modeling
+from t5_training import adapters, model_sources, modeling
 from t5_training.tools import activation_memory, adapter_memory, autograd_tape, optimizer_memory
 from t5_training.config import OPTIMIZERS, parse_config
 from t5_training.errors import UsageError, run_cli
@@ -232,7 +232,7 @@ def load_model_config(name: str, dropout_rate: float | None = None, vocab_size: 
     overrides = {key: value for key, value in (("dropout_rate", dropout_rate), ("vocab_size", vocab_size))
                  if value is not None}
     try:
-        config = AutoConfig.from_pretrained(modeling.resolve_config_name(name), **overrides)
+        config = AutoConfig.from_pretrained(model_sources.resolve_config_name(name), **overrides)
     except (OSError, ValueError) as err:
         raise UsageError(f"could not load model config {name!r} ({str(err).splitlines()[0]}); pass a config "
                          "JSON such as configs/t5-small.json, a model folder or a hub name") from None
