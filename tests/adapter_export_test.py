@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -126,8 +127,11 @@ class PromptTuningTest(_Exports):
 
     def test_training_on_from_an_adapter_export_is_refused(self):
         args = fixtures.fine_tune_args(os.path.join(self.tmp, "again"), "--max_steps", "2", *PROMPT)
-        with self.assertRaisesRegex(UsageError, r"holds a prompt_tuning adapter, not a model to train: .*--do_train false.*--resume_from_checkpoint"):
-            fine_tune_t5.main(_model_flag(args, os.path.join(self.out, "final")))
+        export = os.path.join(self.out, "final")
+        with self.assertRaisesRegex(UsageError, f"^--model_name_or_path {re.escape(export)} holds a prompt_tuning "
+                                                "adapter, not a model to train: .*--do_train false.*"
+                                                "--resume_from_checkpoint"):
+            fine_tune_t5.main(_model_flag(args, export))
 
 
 class LoadTest(_Exports):

@@ -14,7 +14,7 @@ from tests import fixtures
 
 class LocalPathTest(fixtures.TempDirTestCase):
 
-    @parameterized.parameters("./no-such-model", "../no-such-model", "~/no-such-model-t5-training", "runs/a/final",
+    @parameterized.parameters("/no-such-model", "./no-such-model", "../no-such-model", "~/no-such-model-t5-training", "runs/a/final",
                               "shape.json")
     def test_a_missing_name_that_can_only_be_a_path_is_refused(self, name):
         with self.assertRaisesWithLiteralMatch(UsageError, f"tokenizer {name!r}: no such file or folder; check the "
@@ -35,6 +35,24 @@ class LocalPathTest(fixtures.TempDirTestCase):
             with open(os.path.join(self.dir, name), "w", encoding="utf-8") as f:
                 f.write("{}")
         model_sources.check_local_path(self.dir, "--model_name_or_path")
+
+    def test_a_checkpoint_and_a_run_folder_are_named_for_what_they_are(self):
+        with open(os.path.join(self.dir, checkpoint.MANIFEST), "w", encoding="utf-8") as f:
+            f.write("{}")
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, f"--model_name_or_path {self.dir!r} is a training checkpoint, not a model: continue its "
+                            "run with --resume_from_checkpoint and that run's --output_dir, or start from the run's "
+                            "final/ or best/ folder"):
+            model_sources.check_local_path(self.dir, "--model_name_or_path")
+        os.remove(os.path.join(self.dir, checkpoint.MANIFEST))
+        for sub in ("best", "final"):
+            os.makedirs(os.path.join(self.dir, sub))
+            with open(os.path.join(self.dir, sub, "config.json"), "w", encoding="utf-8") as f:
+                f.write("{}")
+        with self.assertRaisesWithLiteralMatch(
+                UsageError, f"tokenizer {self.dir!r} is a run's output folder, not a model: pass its final/ or best/ "
+                            f"folder, e.g. {os.path.join(self.dir, 'final')}"):
+            model_sources.check_local_path(self.dir, "tokenizer")
 
     def test_a_final_folder_without_a_model_does_not_make_a_run_folder(self):
         os.makedirs(os.path.join(self.dir, "final"))
@@ -81,6 +99,9 @@ class ShapeTest(parameterized.TestCase):
                                                            "whole number of at least 1"):
             model_sources.check_shape(config, "x.json")
 
+    def test_sizes_of_one_pass(self):
+        model_sources.check_shape(types.SimpleNamespace(**{name: 1 for name in model_sources.SHAPE_FIELDS}), "ones")
+
     def test_a_shape_without_t5_fields_passes(self):
         model_sources.check_shape(BartConfig(d_model=16, encoder_layers=1, decoder_layers=1), "bart")
 
@@ -90,6 +111,10 @@ class LoadErrorTest(absltest.TestCase):
     def test_the_first_line_only_cut_to_300_characters(self):
         err = model_sources.load_error("model", "m", OSError("x" * 400 + "\nsecond line"))
         self.assertEqual(str(err), f"could not load model 'm': {'x' * 300}")
+
+    def test_a_later_line_is_left_out(self):
+        err = model_sources.load_error("model", "m", OSError("first line\nsecond line"))
+        self.assertEqual(str(err), "could not load model 'm': first line")
 
     def test_a_field_type_error_keeps_the_type_from_its_second_line(self):
         err = model_sources.load_error("model", "m", StrictDataclassError("Validation error for field 'd_ff':\n"
@@ -125,6 +150,14 @@ class CodeBesideTest(fixtures.TempDirTestCase):
                             f"folder: pass --config_name {self.dir} (the config as config.json beside its code), "
                             "and --trust_remote_code if you trust that code"):
             model_sources.check_code_beside(path)
+
+    def test_a_bare_file_name_names_the_working_folder(self):
+        self._config({"auto_map": {}})
+        cwd = os.getcwd()
+        os.chdir(self.dir)
+        self.addCleanup(os.chdir, cwd)
+        with self.assertRaisesRegex(UsageError, r"pass --config_name \. \(the config as config.json"):
+            model_sources.check_code_beside("shape.json")
 
     def test_other_configs_are_left_to_transformers(self):
         model_sources.check_code_beside(self._config({"model_type": "t5"}))
