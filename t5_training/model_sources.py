@@ -79,6 +79,7 @@ def check_shape(config, source: str) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UsageError(f"--config_name {source}: {name} is {value!r}; it must be a whole number of at least 1")
 
+
 def check_code_beside(config_path: str) -> None:
     """Refuses a config file whose auto_map names code of its own: transformers imports that code only
     from the folder or repo it sits in, and given the file alone fails with a repo-id error."""
