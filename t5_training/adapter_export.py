@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from t5_training import adapters
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's name for the file that says what the adapter is and its base
 MODEL_CONFIG = "config.json"  # transformers': a folder with it is a model (an export's merged model included)
@@ -51,7 +51,7 @@ def _peft_config(adapter: str):
         return peft.PeftConfig.from_pretrained(adapter)
     except (OSError, ValueError, TypeError) as err:
         raise UsageError(f"{os.path.join(adapter, ADAPTER_CONFIG)} could not be read as a peft adapter's config "
-                         f"({str(err).splitlines()[0]}); pass a run's best/ or final/, or a model") from None
+                         f"({first_line(err)}); pass a run's best/ or final/, or a model") from None
 
 
 def method(adapter: str) -> str:
@@ -111,5 +111,5 @@ def load(adapter: str, load_base):
         return peft.PeftModel.from_pretrained(model, adapter).eval()
     except (OSError, ValueError, RuntimeError) as err:
         raise UsageError(f"the adapter in {adapter} does not fit its base model {base!r} "
-                         f"({str(err).splitlines()[0]}); set base_model_name_or_path in {where} to the model it "
+                         f"({first_line(err)}); set base_model_name_or_path in {where} to the model it "
                          "was trained on") from None

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 
 from t5_training import adapter_targets
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 
 METHODS = ("none", "lora", "ia3", "prompt_tuning")
 ADAPTER_DIR = "adapter"
@@ -208,7 +208,7 @@ def apply(model, config: AdapterConfig, tokenizer_name: str | None = None, *, ze
             wrapped = peft.get_peft_model(model, adapter)
     except (ValueError, TypeError) as err:
         # e.g. a model type peft has no default targets for: name them.
-        raise UsageError(f"--peft {config.peft} could not be applied: {str(err).splitlines()[0]}; name the layers "
+        raise UsageError(f"--peft {config.peft} could not be applied: {first_line(err)}; name the layers "
                          f"with --{config.peft}_target_modules") from None
     if random_base:
         setattr(wrapped, _RANDOM_BASE, True)

@@ -20,7 +20,7 @@ from accelerate.utils import DistributedType, extract_model_from_parallel
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from t5_training.errors import UsageError, WriteError
+from t5_training.errors import UsageError, WriteError, first_line
 from t5_training.interrupts import kill_point
 from t5_training.reporting import write_json
 
@@ -267,7 +267,7 @@ def load_checkpoint(accelerator, path: str, state, scheduler=None, *, trainable_
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:
         if str(err).startswith("Error(s) in loading state_dict"):
             raise UsageError(_another_model(path, str(err))) from None
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise UsageError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {reason[:200]}); it is "
                          "damaged: pass an earlier checkpoint, or 'auto' after deleting this one") from None
 

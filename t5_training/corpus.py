@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 from t5_training.text_files import iter_documents
 
 
@@ -53,7 +53,7 @@ def load_documents(files: Sequence[str] | None, dataset_name: str | None, datase
     try:
         ds = datasets.load_dataset(dataset_name, dataset_config_name, split=split, streaming=streaming)
     except (ConnectionError, OSError, ValueError) as err:
-        raise UsageError(f"could not load {dataset_name} ({split}): {str(err).splitlines()[0]}; "
+        raise UsageError(f"could not load {dataset_name} ({split}): {first_line(err)}; "
                          "offline, pass --train_file with local text") from None
     if text_column not in ds.column_names:
         raise UsageError(f"{dataset_name} has no column {text_column!r}; columns found: "

@@ -24,7 +24,7 @@ import yaml
 from t5_training.collators import (compute_input_and_target_lengths, corrupted_lengths, min_prefix_length,
                               random_prefix_split, replace_runs, sentinel_ids, shift_right, span_counts,
                               split_prefix, stack_chunks)
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 from t5_training.row_keys import DENOISER, RowRandomness, stream, uniforms
 from t5_training.span_masks import random_spans_noise_masks
 
@@ -141,7 +141,7 @@ def read_mixture(path: str | None) -> tuple[tuple[Denoiser, ...], tuple[float, .
     except OSError as err:
         raise UsageError(f"--denoisers {path}: {err.strerror}; pass a YAML file that lists the denoisers") from None
     except (yaml.YAMLError, ValueError) as err:
-        raise UsageError(f"--denoisers {path}: {str(err).splitlines()[0]}") from None
+        raise UsageError(f"--denoisers {path}: {first_line(err)}") from None
 
 
 def mixture_lengths(input_length: int, denoisers) -> tuple[list[int], list[int], list[int]]:

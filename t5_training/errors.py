@@ -86,6 +86,12 @@ class Interrupted(Preempted):
     prefix = "interrupted"
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of `err`'s message, for the one line a user sees; its kind where it has no message."""
+    lines = str(err).strip().splitlines()
+    return lines[0].strip() if lines else type(err).__name__
+
+
 def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> int:
     """Runs `main(argv)`; a `CliError` becomes one line on stderr and its exit code."""
     try:

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import yaml
 
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 
 
 def flag_name(word: str) -> str:
@@ -71,7 +71,7 @@ def file_to_words(path: str) -> list[str]:
             values = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
         except (json.JSONDecodeError, yaml.YAMLError) as err:
             raise UsageError(f"--config file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                             f"{str(err).splitlines()[0]}") from None
+                             f"{first_line(err)}") from None
     if not isinstance(values, dict):
         raise UsageError(f"--config file {path} must hold a mapping of flag: value pairs")
     if "config" in values:

@@ -9,7 +9,7 @@ import os
 from huggingface_hub.errors import StrictDataclassError
 
 from t5_training import checkpoint
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 
 
 def check_local_path(name: str, what: str) -> None:
@@ -106,6 +106,8 @@ def load_error(what: str, source: str, err: Exception) -> UsageError:
         # transformers' own line names a hub URL even for a local folder and the Python argument, not our flag.
         return UsageError(f"{what} {source!r} ships its own code (auto_map in its config), which runs only with "
                           "--trust_remote_code: read that code, and pass --trust_remote_code if you trust it")
-    lines = text.splitlines() if isinstance(err, StrictDataclassError) else text.splitlines()[:1]
-    detail = " ".join(line.strip() for line in lines if line.strip())[:300]
-    return UsageError(f"could not load {what} {source!r}: {detail or type(err).__name__}")
+    if isinstance(err, StrictDataclassError):
+        detail = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    else:
+        detail = first_line(err)
+    return UsageError(f"could not load {what} {source!r}: {detail[:300]}")

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 
 TEXT_SUFFIXES = (".txt", ".text", ".raw")
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -106,7 +106,7 @@ def _parquet_documents(path: str, text_column: str) -> Iterator[str]:
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:
-        raise UsageError(f"{path} is not a parquet file pyarrow can read ({str(err).splitlines()[0][:120]}); "
+        raise UsageError(f"{path} is not a parquet file pyarrow can read ({first_line(err)[:120]}); "
                          "check the file, or give text as .txt or .jsonl") from None
     if text_column not in parquet.schema_arrow.names:
         raise UsageError(f"{path} has no column {text_column!r}; columns found: "

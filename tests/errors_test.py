@@ -12,7 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import torch.distributed as dist
 
-from t5_training.errors import DivergedError, Preempted, UsageError, run_cli
+from t5_training.errors import DivergedError, Preempted, UsageError, first_line, run_cli
 from tests import fixtures
 
 
@@ -20,6 +20,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class FirstLineTest(absltest.TestCase):
+
+    def test_the_first_line_or_the_kind(self):
+        self.assertEqual(first_line(ValueError("  bad value \nmore detail")), "bad value")
+        self.assertEqual(first_line(ValueError("\nbad value")), "bad value")
+        self.assertEqual(first_line(OSError()), "OSError")  # indexing an empty message's lines raised IndexError
+        self.assertEqual(first_line(KeyError("")), "''")  # str() of a KeyError quotes its key, even an empty one
 
 
 class RunCliTest(parameterized.TestCase):

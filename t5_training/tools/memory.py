@@ -49,7 +49,7 @@ import torch
 from t5_training import adapters, model_sources, modeling
 from t5_training.tools import activation_memory, adapter_memory, autograd_tape, optimizer_memory
 from t5_training.config import OPTIMIZERS, parse_config
-from t5_training.errors import UsageError, run_cli
+from t5_training.errors import UsageError, first_line, run_cli
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 FROZEN = ("encoder", "decoder", "embeddings")
@@ -234,7 +234,7 @@ def load_model_config(name: str, dropout_rate: float | None = None, vocab_size: 
     try:
         config = AutoConfig.from_pretrained(model_sources.resolve_config_name(name), **overrides)
     except (OSError, ValueError) as err:
-        raise UsageError(f"could not load model config {name!r} ({str(err).splitlines()[0]}); pass a config "
+        raise UsageError(f"could not load model config {name!r} ({first_line(err)}); pass a config "
                          "JSON such as configs/t5-small.json, a model folder or a hub name") from None
     if config.model_type not in ("t5", "mt5"):
         raise UsageError(f"{name} is a {config.model_type!r} model; the estimator follows T5's code, so pass a "

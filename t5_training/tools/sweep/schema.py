@@ -5,7 +5,7 @@ import os
 
 import yaml
 
-from t5_training.errors import UsageError
+from t5_training.errors import UsageError, first_line
 from t5_training.tools.sweep import engine
 
 # Flags the runner sets on every trial: a folder per trial, resumed after a preemption.
@@ -20,7 +20,7 @@ def load_sweep(path: str) -> dict:
         try:
             sweep = yaml.safe_load(f)
         except yaml.YAMLError as err:
-            raise UsageError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+            raise UsageError(f"{path} is not valid YAML: {first_line(err)}") from None
     if not isinstance(sweep, dict):
         raise UsageError(f"{path} must hold a mapping (program, method, metric, parameters, command)")
     if isinstance(sweep.get("command"), str):
