@@ -2,7 +2,10 @@
 
 Too-large batches fail for real: the CPU allocator refuses them, nothing is mocked.
 """
+import contextlib
+import resource
 import tempfile
+import unittest
 
 import torch
 from absl.testing import absltest
@@ -31,14 +34,39 @@ def _rows(n, source, target):
             "decoder_input_ids": torch.full((n, target), 0)}
 
 
+@contextlib.contextmanager
+def address_space_capped(headroom: int = 4 << 30):
+    """This process may map `headroom` bytes more than it has mapped now, and no more (RLIMIT_AS),
+    so that the allocator refuses a larger tensor at once, whatever the kernel's overcommit policy.
+
+    Without the cap, the refusal depended on the host: a kernel that overcommits (vm.overcommit_memory
+    1, as on a lent GPU machine) granted a 2 TiB tensor, and the test process died filling it.
+    """
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except OSError:
+        raise unittest.SkipTest("needs Linux's /proc/self/status to cap the address space") from None
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mapped + headroom if hard == resource.RLIM_INFINITY else min(mapped + headroom, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 class FindBatchSizeTest(absltest.TestCase):
-    # Beyond `fits` rows the batch is 2**19 tokens long: its first length x length tensor (the
-    # relative positions, 2 TiB) is one allocation larger than any machine's memory and swap, so
-    # the CPU allocator refuses it at once (no mock), as it refuses a too-large batch. At 2**17
-    # (128 GiB) a lent GPU machine with 128 GiB granted it, and its test process died filling it.
+    # Beyond `fits` rows the batch is 2**17 tokens long: its first length x length tensor (the
+    # relative positions, 128 GiB) is far beyond the 4 GiB that address_space_capped leaves the
+    # probe, so the allocator refuses it at once (no mock), as it refuses a too-large batch.
 
     def _make_batch(self, fits):
-        return lambda n: _rows(n, 16, 4) if n <= fits else _rows(n, 2 ** 19, 4)
+        return lambda n: _rows(n, 16, 4) if n <= fits else _rows(n, 2 ** 17, 4)
+
+    def _find(self, accelerator, config, model, fits):
+        with address_space_capped():
+            return batch_size.find_batch_size(accelerator, config, model, self._make_batch(fits))
 
     def test_steps_down_through_divisors_keeping_the_global_batch(self):
         from accelerate import Accelerator
@@ -47,7 +75,7 @@ class FindBatchSizeTest(absltest.TestCase):
                                 auto_find_batch_size=True)
         model = _tiny_model()
         before = torch.get_rng_state()
-        found = batch_size.find_batch_size(accelerator, config, model, self._make_batch(fits=5))
+        found = self._find(accelerator, config, model, fits=5)
         # 12 -> 6 -> 4: the largest divisor of 12 that fits 5.
         self.assertEqual((found.per_device_train_batch_size, found.gradient_accumulation_steps), (4, 6))
         # The config is the one source of the accumulation: runtime.prepare passes it to accelerate.
@@ -63,7 +91,7 @@ class FindBatchSizeTest(absltest.TestCase):
         accelerator = Accelerator(cpu=True)
         config = TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)
         with gpu_host(ACCELERATE_USE_CPU="1"):
-            found = batch_size.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=2))
+            found = self._find(accelerator, config, _tiny_model(), fits=2)
         self.assertEqual(found.per_device_train_batch_size, 2)
 
     def test_help_says_it_steps_through_divisors(self):
@@ -79,14 +107,14 @@ class FindBatchSizeTest(absltest.TestCase):
         accelerator = Accelerator(cpu=True)
         for config in (TrainingConfig(per_device_train_batch_size=64),
                        TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)):
-            found = batch_size.find_batch_size(accelerator, config, _tiny_model(), self._make_batch(fits=4))
+            found = self._find(accelerator, config, _tiny_model(), fits=4)
             self.assertIs(found, config)
 
     def test_nothing_fits_is_one_line(self):
         from accelerate import Accelerator
         config = TrainingConfig(per_device_train_batch_size=4, auto_find_batch_size=True)
         with self.assertRaisesRegex(UsageError, "even a batch of 1.*--gradient_checkpointing"):
-            batch_size.find_batch_size(Accelerator(cpu=True), config, _tiny_model(), self._make_batch(fits=0))
+            self._find(Accelerator(cpu=True), config, _tiny_model(), fits=0)
 
     def test_run_with_the_flag_equals_run_without_when_the_batch_fits(self):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

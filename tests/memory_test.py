@@ -182,8 +182,12 @@ class ComponentsTest(parameterized.TestCase):
         # accelerate's autocast keeps fp32 weights, gradients and optimizer state...
         self.assertEqual((bf16.weights, bf16.gradients, bf16.optimizer_state),
                          (fp32.weights, fp32.gradients, fp32.optimizer_state))
-        # ...and saves 16-bit matmul inputs (and weight copies); norms and the residual stream stay fp32.
-        self.assertLess(bf16.activations, 0.8 * fp32.activations)
+        # ...and saves 16-bit matmul inputs (and weight copies); norms and the residual stream stay
+        # fp32, and so does SDPA's math kernel, which the self-attention's trained position bias
+        # sends it to on either device: at 512 tokens its fp32 L x L tensors dominate, and bf16
+        # saves 8% less, not half (9% on an H200: activation_memory_test.OnAGpuTest's figures).
+        self.assertLess(bf16.activations, 0.95 * fp32.activations)
+        self.assertGreater(bf16.activations, 0.85 * fp32.activations)
         self.assertEqual(_estimate(precision="fp16"), bf16)
 
     def test_memory_grows_with_batch_and_length(self):

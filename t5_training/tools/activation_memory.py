@@ -22,9 +22,11 @@ d_kv, f = d_ff, H = heads, L = keys attended):
 
 Variants follow the code: ReLU becomes gated-GELU in T5 v1.1 (5f instead of 3f: the GELU's input,
 both factors of the gate, its dropout mask and the dropped values; `modeling.fuse_gelu` runs the
-GELU as one kernel); dropout 0 saves no masks; CUDA keeps 1-byte dropout masks and runs
-memory-efficient attention (q, k, v, output and the bias, no L x L probabilities); autocast saves 16-bit copies of each matmul's input and weight
-while norms, the residual stream and softmax stay fp32. Outside the layers: the embedding lookups,
+GELU as one kernel); dropout 0 saves no masks; CUDA keeps 1-byte dropout masks, and runs a fused
+attention kernel (q, k, v, output and the bias, no L x L probabilities) only where the bias is
+constant (cross-attention, or a frozen position bias: a trained one gets SDPA's math kernel, in
+fp32, on either device); autocast saves 16-bit copies of each matmul's input and weight while
+norms, the residual stream and softmax stay fp32. Outside the layers: the embedding lookups,
 the final norms and, for the loss, the fp32 log-probabilities (target tokens x vocabulary), which
 the cross entropy keeps. Frozen parameters need no gradient, no optimizer state, and spare the
 activations only their own weight gradient needed.

@@ -103,15 +103,18 @@ class Tape:
     def attention(self, q: Storage, k: Storage, v: Storage, bias: Storage, *, batch: int, heads: int, queries: int, keys: int) -> Storage:
         """scaled_dot_product_attention with T5's additive float mask (position bias, min where masked).
 
-        With dropout, or a mask that needs a gradient (the relative position bias being trained),
-        the CPU runs its math kernel in fp32: reshaped copies of q, k, v, the softmax output and,
-        with dropout, its mask and result (three L x L tensors). Otherwise (CPU flash attention,
-        and always on CUDA: memory-efficient attention) it keeps q, k, v, the mask, its output and
-        the log-sum-exp; nothing L x L but the mask (and its gradient, in backward).
+        With a mask that needs a gradient (the relative position bias being trained), torch runs
+        its math kernel on either device, and on the CPU with dropout too: in fp32 whatever the
+        inputs' dtype, it keeps reshaped copies of q, k, v, the softmax output and, with dropout,
+        its mask and result (three L x L tensors; CUDA's mask is 1 byte). Otherwise (CPU flash
+        attention; memory-efficient or cuDNN attention on CUDA) it keeps q, k, v, the mask, its
+        output and the log-sum-exp; nothing L x L but the mask (and its gradient, in backward).
+        Measured on an H200 (torch 2.11): self-attention, whose bias trains, ran the math kernel in
+        fp32 and in bf16 autocast; cross-attention, whose bias is constant, a fused kernel.
         """
         rg = q.rg or k.rg or v.rg or bias.rg
         mask_grad = self.new(batch * heads * queries * keys, bias.itemsize, bias.rg)
-        if self.cpu and (self.dropout_rate > 0 or bias.rg):
+        if bias.rg or (self.cpu and self.dropout_rate > 0):
             q32, k32, v32 = (self.new(t.numel, 4, t.rg) for t in (q, k, v))
             scores = self.new(batch * heads * queries * keys, 4, q.rg or k.rg or bias.rg)
             self.node([(q32, k.rg), (k32, q.rg)], [scores, q32, k32, mask_grad])  # q @ k^T + mask
