@@ -73,7 +73,9 @@ from t5_training import modeling, reporting, runtime  # noqa: E402
 from t5_training.config import TrainingConfig  # noqa: E402
 from t5_training.optim import build_optimizer  # noqa: E402
 
-GOAL = 0.5
+# On a CPU (t5-small, fp32), where matmuls are most of a step: 50%. On a GPU (T5 v1.1-base, bf16):
+# 40%, above nanoT5's 34% on an A100 with bf16 and compile; a GPU leaves its elementwise work the step.
+GOAL = {"cpu": 0.5, "cuda": 0.4}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -232,7 +234,7 @@ def compare_variants(args, accelerator, baseline: tuple, config, run_config, sou
 
 
 def print_report(per_batch: list[dict], peak: float, peak_by_shape: dict, busy_peak: float, profile: dict,
-                 variants: dict) -> None:
+                 variants: dict, goal: float) -> None:
     rows = [{"batch": e["batch_size"], "GFLOP/step": round(e["model_flops_per_step"] / 1e9, 1),
              "s/step (median)": round(e["step_seconds_median"], 3), "s/step (best)": round(e["step_seconds_best"], 3),
              "tokens/s": round(e["tokens_per_second"]), "GFLOP/s": round(e["model_flops_per_second"] / 1e9, 1),
@@ -242,7 +244,7 @@ def print_report(per_batch: list[dict], peak: float, peak_by_shape: dict, busy_p
     print(reporting.format_table(rows))
     shapes = ", ".join(f"{name} {flops / 1e9:.1f}" for name, flops in peak_by_shape.items())
     print(f"\npeak matmul {peak / 1e9:.1f} GFLOP/s ({shapes})"
-          f"; by busy time {busy_peak / 1e9:.1f} GFLOP/s; goal MFU >= {GOAL:.0%}")
+          f"; by busy time {busy_peak / 1e9:.1f} GFLOP/s; goal MFU >= {goal:.0%}")
     print(f"\nprofile of one step at batch {profile['batch_size']}: {100 * profile['matmul_share']:.1f}% of "
           f"{profile['clock']} self time in matmul kernels, {100 * profile['optimizer_share']:.1f}% in the optimizer "
           "step; top ops:")
@@ -300,7 +302,8 @@ def main(argv=None) -> dict:
     profile = {"batch_size": args.profile_batch_size, **profile_step(accelerator, model, optimizer, batch)}
     variants = (compare_variants(args, accelerator, (model, optimizer), config, run_config, source, target)
                 if args.variant_rounds else {})
-    print_report(per_batch, peak, peak_by_shape, busy_peak, profile, variants)
+    goal = GOAL.get(accelerator.device.type, GOAL["cpu"])
+    print_report(per_batch, peak, peak_by_shape, busy_peak, profile, variants, goal)
 
     results = {"model_config": os.path.relpath(args.model_config, REPO), "quick": args.quick,
                "parameters": parameters, "attention_implementation": attention, "precision": precision,
@@ -311,7 +314,7 @@ def main(argv=None) -> dict:
                "timed_steps": args.steps, "flop_check": flop_check, "peak_flops_per_second": peak,
                "peak_by_shape": peak_by_shape, "busy_peak_flops_per_second": busy_peak,
                "busy_peak_by_shape": busy_peak_by_shape, "batch_sizes": per_batch, "profile": profile,
-               "variants": variants, "goal_mfu": GOAL}
+               "variants": variants, "goal_mfu": goal}
     reporting.write_json(args.output, results)
     print(f"\nwrote {args.output}")
     return results
