@@ -87,6 +87,18 @@ class BenchmarksTest(fixtures.TempDirTestCase):
         with open(output, encoding="utf-8") as f:
             return json.load(f)
 
+    def test_attention_kernels(self):
+        results = self.run_quick("attention_kernels.py")
+        sides = results["sides"]
+        # On a CPU: no direct efficient-kernel side (CUDA only), and the dispatcher's choice shows
+        # what the benchmark is about: a mask that needs a gradient gets the math kernel, a
+        # constant one the fused kernel.
+        self.assertEqual(sorted(sides), ["sdpa, bias constant", "sdpa, bias trained"])
+        self.assertEqual(sides["sdpa, bias trained"]["speedup"], 1.0)  # the reference side
+        self.assertIn("_scaled_dot_product_attention_math", sides["sdpa, bias trained"]["kernels"])
+        self.assertNotIn("_math", sides["sdpa, bias constant"]["kernels"])
+        self.assertEqual(len(sides["sdpa, bias trained"]["seconds"]), 2)
+
     def test_pretraining_mfu(self):
         results = self.run_quick("pretraining_mfu.py")
         # 128-token inputs corrupt from 141 raw tokens into 29 targets (T5's random_spans_helper).
