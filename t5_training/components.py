@@ -17,11 +17,7 @@ def _components(model) -> dict[str, list]:
     if output is not None:
         embeddings.add(id(output.weight))
     parts = {"embeddings": [], "encoder": [], "decoder": [], "prompt": [], "other": []}
-    seen = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
+    for name, param in model.named_parameters():  # each weight once, under the first name that holds it
         # A peft wrapper (t5_training.adapters) puts the base model's names under base_model(.model).
         name = name.removeprefix("base_model.").removeprefix("model.")
         if id(param) in embeddings:

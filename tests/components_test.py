@@ -3,6 +3,7 @@ import os
 import tempfile
 
 import torch
+import transformers
 from absl.testing import absltest, parameterized
 from safetensors.torch import load_file
 
@@ -74,6 +75,20 @@ class SummaryTest(absltest.TestCase):
         self.assertEqual(rows["decoder"], ["808", "808", "0.0"])
         self.assertEqual(rows["total"], ["1,608", "1,064", "0.0"])
         self.assertEqual(sum(p.numel() for p in model.parameters()), 1608)
+
+    def test_the_whole_table_as_printed(self):
+        # A vocabulary of 2**16 x d_model 8: 524,288 fp32 weights, 2 MiB, so the MiB column shows.
+        model = transformers.T5ForConditionalGeneration(fixtures.tiny_t5_config(vocab_size=2 ** 16))
+        components.freeze(model, encoder=True)
+        # 1,352 weights besides the embedding (encoder 544, decoder 808), 544 of them frozen;
+        # 525,640 x 4 bytes = 2.005 MiB; 525,096 / 525,640 = 99.897%.
+        self.assertEqual(components.model_summary(model), "\n".join([
+            "component          params     trainable       MiB",
+            "embeddings        524,288       524,288       2.0",
+            "encoder               544             0       0.0",
+            "decoder               808           808       0.0",
+            "total             525,640       525,096       2.0",
+            "trainable: 525,096 of 525,640 parameters (99.90%)"]))
 
     def test_untied_output_layer_counts_as_embeddings(self):
         rows = {line.split()[0]: line.split()[1:] for line in components.model_summary(fixtures.tiny_t5(tie=False)).splitlines()}
