@@ -71,9 +71,14 @@ def inputs(args, device: torch.device) -> dict:
             "padding": padding.to(device, dtype)}
 
 
-def attend(side: str, t: dict, padding: torch.Tensor) -> torch.Tensor:
+def trained_mask(made: dict) -> torch.Tensor:
+    """Position bias plus padding: batch x heads x L x L, contiguous, as transformers builds it."""
+    return made["tensors"]["bias"] + made["padding"]
+
+
+def attend(side: str, made: dict) -> torch.Tensor:
     """One attention call of T5's (no 1/sqrt(d) scaling) the way `side` runs it."""
-    mask = t["bias"] + padding  # batch x heads x L x L, contiguous, as transformers builds it
+    t, mask = made["tensors"], trained_mask(made)
     if side == "sdpa, bias constant":
         mask = mask.detach()
     if side == "efficient kernel, bias trained":
@@ -85,7 +90,7 @@ def attend(side: str, t: dict, padding: torch.Tensor) -> torch.Tensor:
 def step(side: str, made: dict) -> dict:
     """Forward and backward; the output and the gradients it produced (cleared on the inputs)."""
     t = made["tensors"]
-    out = attend(side, t, made["padding"])
+    out = attend(side, made)
     out.backward(t["grad_out"])
     grads = {name: t[name].grad for name in ("q", "k", "v", "bias")}
     for name in grads:
@@ -96,8 +101,7 @@ def step(side: str, made: dict) -> dict:
 def refusals(made: dict) -> dict[str, list[str]]:
     """Why torch's dispatcher would not run each fused kernel for the trained bias: the warnings
     of its own checks in debug mode (CUDA only; an empty list means the kernel was allowed)."""
-    t = made["tensors"]
-    mask = t["bias"] + made["padding"]
+    t, mask = made["tensors"], trained_mask(made)
     try:
         params = torch.backends.cuda.SDPAParams(t["q"], t["k"], t["v"], mask, 0.0, False, False)
     except TypeError:  # torch before enable_gqa

@@ -56,9 +56,6 @@ def load_tokenizer(name: str | None, trust_remote_code: bool = False):
         raise load_error("tokenizer", name, err) from None
 
 
-
-
-
 def load_model(model_name_or_path: str | None, config_name: str | None, tokenizer, *,
                trust_remote_code: bool = False, overrides: dict | None = None):
     """Pretrained weights from `model_name_or_path`, or a fresh model shaped by `config_name`.

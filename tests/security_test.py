@@ -62,7 +62,6 @@ class RemoteCodeTest(absltest.TestCase):
         self.assertFalse(fine_tune_t5.FineTuneConfig().trust_remote_code)
 
 
-
 class ShippedCodeTest(fixtures.TempDirTestCase):
     """A model or tokenizer folder whose config names code of its own (auto_map) runs that code only
     with --trust_remote_code; without it, one line names the flag, and nothing of it is imported."""
